@@ -1,0 +1,310 @@
+// The CPU attention algorithm, written once and compiled by each instruction set's translation unit
+// over that ISA's microkernels (a `Micro` type; see scalar/kernels.cpp for the reference set).
+//
+// Forward (FlashAttention-2): per (batch, head, query block), stream the visible key blocks with an
+// online softmax. The scores are computed transposed, S^T = K Q^T [BN keys][BM rows], so Q is packed
+// once per query block and K, V are read in place; the softmax then runs across rows in SIMD lanes.
+//
+// Backward: per (batch, kv head, key block), accumulate dK and dV over every query head of the group
+// and every visible query block; K^T and V^T are packed once per key block. dQ receives each key
+// block's contribution in increasing key-block order (dq_next), so the sums are the same bits for any
+// thread count and schedule.
+//
+// Internal linkage on purpose: every ISA translation unit gets its own copy, compiled with its flags.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+
+#include "cpu/kernels.h"
+
+namespace flashback::cpu {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int64_t kAlign = 64;  // bytes: one cache line, one zmm
+constexpr int64_t kLanes = 16;  // leading dimensions are padded to this many floats
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
+
+// The element mask of one tile: local row r, column c is visible iff lo <= c - r <= hi.
+struct Mask {
+  int32_t lo, hi;
+};
+
+inline Mask tile_mask(const core::Band& band, int64_t i0, int64_t j0) {
+  // dlo - (j0 - i0) etc.; clamped to what can matter inside a tile (|c - r| < 2^20).
+  constexpr int64_t kFar = int64_t{1} << 30;
+  const int64_t lo = std::clamp<int64_t>(band.dlo - (j0 - i0), -kFar, kFar);
+  const int64_t hi = std::clamp<int64_t>(band.dhi - (j0 - i0), -kFar, kFar);
+  return {static_cast<int32_t>(lo), static_cast<int32_t>(hi)};
+}
+
+// Carves 64-byte-aligned float arrays out of a scratch block.
+struct Carver {
+  char* at;
+  float* floats(int64_t n) {
+    float* p = reinterpret_cast<float*>(at);
+    at += round_up(n * static_cast<int64_t>(sizeof(float)), kAlign);
+    return p;
+  }
+};
+
+inline int64_t floats_bytes(int64_t n) { return round_up(n * static_cast<int64_t>(sizeof(float)), kAlign); }
+
+template <class T>
+T* row_ptr(const core::Strided4& t, int64_t b, int64_t h, int64_t s) {
+  return static_cast<T*>(t.data) + b * t.sb + h * t.sh + s * t.ss;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Forward
+
+// Per-thread scratch of the forward, in floats:
+//   qt    [D][BMp]    Q^T of the block, scaled by scale * log2(e)
+//   st    [BN][BMp]   S^T, then P^T, of one tile
+//   oacc  [BMp][Dvp]  unnormalized output rows
+//   m, l, alpha [BMp] running max (log2 units), running sum, rescale factor of this tile
+struct ForwardScratch {
+  int64_t bmp, dvp;
+  float *qt, *st, *oacc, *m, *l, *alpha;
+};
+
+inline ForwardScratch forward_layout(const core::Problem& p, Tiles t, char* base) {
+  ForwardScratch s;
+  s.bmp = round_up(t.bm, kLanes);
+  s.dvp = round_up(p.head_dim_v, kLanes);
+  Carver c{base};
+  s.qt = c.floats(p.head_dim * s.bmp);
+  s.st = c.floats(t.bn * s.bmp);
+  s.oacc = c.floats(s.bmp * s.dvp);
+  s.m = c.floats(s.bmp);
+  s.l = c.floats(s.bmp);
+  s.alpha = c.floats(s.bmp);
+  return s;
+}
+
+inline size_t forward_scratch_bytes(const core::Problem& p, Tiles t) {
+  const int64_t bmp = round_up(t.bm, kLanes), dvp = round_up(p.head_dim_v, kLanes);
+  return static_cast<size_t>(floats_bytes(p.head_dim * bmp) + floats_bytes(t.bn * bmp) +
+                             floats_bytes(bmp * dvp) + 3 * floats_bytes(bmp));
+}
+
+template <class Micro>
+void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
+  const core::Problem& p = *job.p;
+  const Tiles t = job.tiles;
+  // Items run from the last query block down: under a causal mask those see the most keys, so the
+  // dynamic schedule starts with the longest ones.
+  const int64_t bh = item / job.q_blocks, ib = job.q_blocks - 1 - item % job.q_blocks;
+  const int64_t b = bh / p.heads_q, h = bh % p.heads_q, hk = h / p.group();
+  const int64_t i0 = ib * t.bm, i1 = std::min(p.seqlen_q, i0 + t.bm), rows = i1 - i0;
+  const int64_t d = p.head_dim, dv = p.head_dim_v;
+  ForwardScratch s = forward_layout(p, t, scratch);
+
+  float* o = row_ptr<float>(p.o, b, h, i0);
+  float* lse = p.lse.data + b * p.lse.sb + h * p.lse.sh + i0;
+  int64_t kfirst, klast;
+  p.band.keys_of_rows(i0, i1, p.seqlen_k, &kfirst, &klast);
+  if (kfirst > klast) { // no row of the block sees a key
+    for (int64_t r = 0; r < rows; ++r) {
+      std::fill(o + r * p.o.ss, o + r * p.o.ss + dv, 0.0f);
+      lse[r] = -std::numeric_limits<float>::infinity();
+    }
+    return;
+  }
+
+  // qt [D][BMp] = (Q rows)^T * scale * log2(e); rows >= `rows` are zero.
+  Micro::pack_t(row_ptr<const float>(p.q, b, h, i0), p.q.ss, rows, d, p.scale * kLog2e, s.qt, s.bmp, s.bmp);
+  std::fill(s.m, s.m + s.bmp, -std::numeric_limits<float>::infinity());
+  std::fill(s.l, s.l + s.bmp, 0.0f);
+
+  bool first = true;
+  for (int64_t jb = kfirst / t.bn; jb <= klast / t.bn; ++jb) {
+    const int64_t j0 = jb * t.bn, cols = std::min(p.seqlen_k, j0 + t.bn) - j0;
+    const float* k = row_ptr<const float>(p.k, b, hk, j0);
+    const float* v = row_ptr<const float>(p.v, b, hk, j0);
+    // st [cols][BMp] = K Q^T, in log2 units
+    Micro::gemm(cols, s.bmp, d, k, p.k.ss, 1, s.qt, s.bmp, s.st, s.bmp, false, nullptr);
+    const Mask mask = tile_mask(p.band, i0, j0);
+    const bool full = p.band.covers(i0, i1, j0, j0 + cols);
+    Micro::softmax_t(s.st, s.bmp, s.bmp, cols, full ? nullptr : &mask, s.m, s.l, s.alpha);
+    // oacc [rows][Dv] = alpha * oacc + P V   (P(r, c) = st[c][r])
+    Micro::gemm(rows, dv, cols, s.st, 1, s.bmp, v, p.v.ss, s.oacc, s.dvp, !first, first ? nullptr : s.alpha);
+    first = false;
+  }
+
+  for (int64_t r = 0; r < rows; ++r) {
+    float* orow = o + r * p.o.ss;
+    if (s.l[r] > 0) {
+      const float inv = 1.0f / s.l[r];
+      for (int64_t x = 0; x < dv; ++x) orow[x] = s.oacc[r * s.dvp + x] * inv;
+      lse[r] = (s.m[r] + std::log2(s.l[r])) * kLn2;
+    } else { // this row sees no key
+      std::fill(orow, orow + dv, 0.0f);
+      lse[r] = -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Backward
+
+// Per-thread scratch of the backward, in floats:
+//   kt [D][BNp], vt [Dv][BNp]   K^T and V^T of the key block
+//   s  [BM][BNp]                S, then P
+//   dp [BM][BNp]                dP, then dS (scale folded in)
+//   dk [BN][Dp], dv [BN][Dvp]   the key block's gradient accumulators
+struct BackwardScratch {
+  int64_t bnp, dp_ld, dvp;
+  float *kt, *vt, *s, *dp, *dk, *dv;
+};
+
+inline BackwardScratch backward_layout(const core::Problem& p, Tiles t, char* base) {
+  BackwardScratch s;
+  s.bnp = round_up(t.bn, kLanes);
+  s.dp_ld = round_up(p.head_dim, kLanes);
+  s.dvp = round_up(p.head_dim_v, kLanes);
+  Carver c{base};
+  s.kt = c.floats(p.head_dim * s.bnp);
+  s.vt = c.floats(p.head_dim_v * s.bnp);
+  s.s = c.floats(t.bm * s.bnp);
+  s.dp = c.floats(t.bm * s.bnp);
+  s.dk = c.floats(t.bn * s.dp_ld);
+  s.dv = c.floats(t.bn * s.dvp);
+  return s;
+}
+
+inline size_t backward_scratch_bytes(const core::Problem& p, Tiles t) {
+  const int64_t bnp = round_up(t.bn, kLanes), dp = round_up(p.head_dim, kLanes),
+                dvp = round_up(p.head_dim_v, kLanes);
+  return static_cast<size_t>(floats_bytes(p.head_dim * bnp) + floats_bytes(p.head_dim_v * bnp) +
+                             2 * floats_bytes(t.bm * bnp) + floats_bytes(t.bn * dp) + floats_bytes(t.bn * dvp));
+}
+
+template <class Micro>
+void backward_rows(const BackwardJob& job, int64_t begin, int64_t end) {
+  const core::Problem& p = *job.p;
+  const int64_t dv = p.head_dim_v, d = p.head_dim;
+  for (int64_t row = begin; row < end; ++row) {
+    const int64_t bh = row / p.seqlen_q, i = row % p.seqlen_q;
+    const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
+    const float dl = Micro::dot(row_ptr<const float>(p.dout, b, h, i), row_ptr<const float>(p.o, b, h, i), dv);
+    job.delta[row] = dl;
+    if (p.delta) p.delta.data[b * p.delta.sb + h * p.delta.sh + i] = dl;
+    job.lse2[row] = p.lse.data[b * p.lse.sb + h * p.lse.sh + i] * kLog2e;
+    if (job.need_dq) {
+      float* acc = job.dq_acc + b * job.dq_sb + h * job.dq_sh + i * job.dq_ss;
+      std::fill(acc, acc + d, 0.0f);
+      if (i % job.tiles.bm == 0) { // the first key block that adds to this query block
+        const int64_t ib = i / job.tiles.bm;
+        int64_t kfirst, klast;
+        p.band.keys_of_rows(i, std::min(p.seqlen_q, i + job.tiles.bm), p.seqlen_k, &kfirst, &klast);
+        job.dq_next[bh * job.q_blocks + ib] = kfirst <= klast ? kfirst / job.tiles.bn : 0;
+      }
+    }
+  }
+}
+
+// Wait until the dQ accumulator of a query block expects this key block's contribution.
+inline void wait_turn(int64_t* next, int64_t jb) {
+  std::atomic_ref<int64_t> turn(*next);
+  for (int spins = 0; turn.load(std::memory_order_acquire) != jb;) {
+    if (++spins < 2000) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    } else {
+      std::this_thread::yield(); // more threads than cores: let the one we wait for run
+    }
+  }
+}
+
+inline void pass_turn(int64_t* next, int64_t jb) {
+  std::atomic_ref<int64_t>(*next).store(jb + 1, std::memory_order_release);
+}
+
+template <class Micro>
+void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
+  const core::Problem& p = *job.p;
+  const Tiles t = job.tiles;
+  const int64_t bhk = item / job.kv_blocks, jb = item % job.kv_blocks;
+  const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
+  const int64_t j0 = jb * t.bn, cols = std::min(p.seqlen_k, j0 + t.bn) - j0;
+  const int64_t d = p.head_dim, dv = p.head_dim_v;
+  BackwardScratch s = backward_layout(p, t, scratch);
+
+  const float* k = row_ptr<const float>(p.k, b, hk, j0);
+  const float* v = row_ptr<const float>(p.v, b, hk, j0);
+  const bool need_ds = job.need_dk || job.need_dq;
+  Micro::pack_t(k, p.k.ss, cols, d, 1.0f, s.kt, s.bnp, s.bnp);
+  if (need_ds) Micro::pack_t(v, p.v.ss, cols, dv, 1.0f, s.vt, s.bnp, s.bnp);
+  if (job.need_dk) std::fill(s.dk, s.dk + cols * s.dp_ld, 0.0f);
+  if (job.need_dv) std::fill(s.dv, s.dv + cols * s.dvp, 0.0f);
+
+  int64_t ifirst, ilast;
+  p.band.rows_of_keys(j0, j0 + cols, p.seqlen_q, &ifirst, &ilast);
+  const float mul = p.scale * kLog2e;
+  for (int64_t h = hk * p.group(); h < (hk + 1) * p.group() && ifirst <= ilast; ++h) {
+    for (int64_t ib = ifirst / t.bm; ib <= ilast / t.bm; ++ib) {
+      const int64_t i0 = ib * t.bm, rows = std::min(p.seqlen_q, i0 + t.bm) - i0;
+      const int64_t row0 = (b * p.heads_q + h) * p.seqlen_q + i0;
+      const float* q = row_ptr<const float>(p.q, b, h, i0);
+      const float* dout = row_ptr<const float>(p.dout, b, h, i0);
+      const Mask mask = tile_mask(p.band, i0, j0);
+      const bool full = p.band.covers(i0, i0 + rows, j0, j0 + cols);
+      // s [rows][cols] = Q K^T, then P = exp2(S * scale * log2(e) - lse2), 0 where masked
+      Micro::gemm(rows, cols, d, q, p.q.ss, 1, s.kt, s.bnp, s.s, s.bnp, false, nullptr);
+      Micro::probs(s.s, s.bnp, rows, cols, mul, job.lse2 + row0, full ? nullptr : &mask);
+      // dv [cols][Dv] += P^T dO
+      if (job.need_dv) Micro::gemm(cols, dv, rows, s.s, 1, s.bnp, dout, p.dout.ss, s.dv, s.dvp, true, nullptr);
+      if (!need_ds) continue;
+      // dp [rows][cols] = dO V^T, then dS = P (dP - delta) * scale
+      Micro::gemm(rows, cols, dv, dout, p.dout.ss, 1, s.vt, s.bnp, s.dp, s.bnp, false, nullptr);
+      Micro::dscores(s.s, s.dp, s.bnp, rows, cols, job.delta + row0, p.scale);
+      // dk [cols][D] += dS^T Q
+      if (job.need_dk) Micro::gemm(cols, d, rows, s.dp, 1, s.bnp, q, p.q.ss, s.dk, s.dp_ld, true, nullptr);
+      // dq [rows][D] += dS K, in key-block order
+      if (job.need_dq) {
+        int64_t* next = job.dq_next + (b * p.heads_q + h) * job.q_blocks + ib;
+        float* dq = job.dq_acc + b * job.dq_sb + h * job.dq_sh + i0 * job.dq_ss;
+        wait_turn(next, jb);
+        Micro::gemm(rows, d, cols, s.dp, s.bnp, 1, k, p.k.ss, dq, job.dq_ss, true, nullptr);
+        pass_turn(next, jb);
+      }
+    }
+  }
+  for (int64_t c = 0; c < cols; ++c) {
+    if (job.need_dk) std::memcpy(row_ptr<float>(p.dk, b, hk, j0 + c), s.dk + c * s.dp_ld, d * sizeof(float));
+    if (job.need_dv) std::memcpy(row_ptr<float>(p.dv, b, hk, j0 + c), s.dv + c * s.dvp, dv * sizeof(float));
+  }
+}
+
+template <class Micro>
+void backward_store_dq(const BackwardJob&, int64_t, int64_t) {
+  // f32 outputs accumulate in the caller's dq directly; half precision arrives with its own store.
+}
+
+template <class Micro>
+const KernelSet& make_kernel_set() {
+  static const KernelSet set{
+      Micro::isa,
+      &Micro::tiles,
+      &forward_scratch_bytes,
+      &backward_scratch_bytes,
+      &forward_item<Micro>,
+      &backward_rows<Micro>,
+      &backward_item<Micro>,
+      &backward_store_dq<Micro>,
+  };
+  return set;
+}
+
+} // namespace
+} // namespace flashback::cpu

@@ -1,0 +1,168 @@
+#include "cpu/backend.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+
+#include "cpu/kernels.h"
+
+namespace flashback::cpu {
+namespace {
+
+constexpr size_t kAlign = 64;
+
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+char* align_ptr(void* p) {
+  const auto u = reinterpret_cast<uintptr_t>(p);
+  return reinterpret_cast<char*>((u + kAlign - 1) / kAlign * kAlign);
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+const KernelSet& active_kernels() { return kernels_for(active_isa()); }
+
+int64_t forward_items(const core::Problem& p, Tiles t) {
+  return p.batch * p.heads_q * ceil_div(p.seqlen_q, t.bm);
+}
+int64_t backward_items(const core::Problem& p, Tiles t) {
+  return p.batch * p.heads_kv * ceil_div(p.seqlen_k, t.bn);
+}
+
+// Threads that can have work: never more than the items.
+int threads_for(const core::Problem& p, int64_t items) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(resolve_threads(p), items)));
+}
+
+// The backward's workspace, in order: per-thread scratch, delta and lse2 rows, the dQ turn counters,
+// and (for half-precision dq only) an f32 dQ accumulator.
+struct BackwardLayout {
+  Tiles tiles;
+  int threads = 1;
+  size_t scratch = 0, rows = 0, counters = 0, dq_acc = 0;
+  size_t total() const { return kAlign + threads * scratch + 2 * rows + counters + dq_acc; }
+};
+
+BackwardLayout backward_layout(const core::Problem& p) {
+  const KernelSet& ks = active_kernels();
+  BackwardLayout l;
+  l.tiles = ks.tiles(p, true);
+  l.threads = threads_for(p, backward_items(p, l.tiles));
+  l.scratch = align_up(ks.backward_scratch_bytes(p, l.tiles));
+  const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
+  l.rows = align_up(static_cast<size_t>(rows) * sizeof(float));
+  if (p.dq) {
+    l.counters = align_up(static_cast<size_t>(p.batch * p.heads_q * ceil_div(p.seqlen_q, l.tiles.bm)) * sizeof(int64_t));
+    if (p.dtype != core::DType::f32) l.dq_acc = align_up(static_cast<size_t>(rows * p.head_dim) * sizeof(float));
+  }
+  return l;
+}
+
+} // namespace
+
+const KernelSet& kernels_for(Isa isa) {
+#if defined(FLASHBACK_HAVE_AVX512_KERNELS)
+  if (isa >= Isa::avx512) return kernels_avx512();
+#endif
+#if defined(FLASHBACK_HAVE_AVX2_KERNELS)
+  if (isa >= Isa::avx2) return kernels_avx2();
+#endif
+  (void)isa;
+  return kernels_scalar();
+}
+
+int resolve_threads(const core::Problem& p) {
+  if (p.num_threads > 0) return p.num_threads;
+  static const int from_env = [] {
+    const char* env = std::getenv("FLASHBACK_NUM_THREADS");
+    const int n = env ? std::atoi(env) : 0;
+    return n > 0 && n <= 1024 ? n : 0;
+  }();
+  return from_env > 0 ? from_env : std::max(1, omp_get_max_threads());
+}
+
+size_t forward_workspace_bytes(const core::Problem& p) {
+  const KernelSet& ks = active_kernels();
+  const Tiles t = ks.tiles(p, false);
+  return kAlign + threads_for(p, forward_items(p, t)) * align_up(ks.forward_scratch_bytes(p, t));
+}
+
+void forward(const core::Problem& p, void* workspace) {
+  const KernelSet& ks = active_kernels();
+  ForwardJob job;
+  job.p = &p;
+  job.tiles = ks.tiles(p, false);
+  job.q_blocks = ceil_div(p.seqlen_q, job.tiles.bm);
+  const int64_t items = forward_items(p, job.tiles);
+  if (items == 0) return;
+  const int threads = threads_for(p, items);
+  const size_t scratch = align_up(ks.forward_scratch_bytes(p, job.tiles));
+  char* base = align_ptr(workspace);
+  std::atomic<int64_t> next{0};
+#pragma omp parallel num_threads(threads)
+  {
+    char* mine = base + omp_get_thread_num() * scratch;
+    for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < items;)
+      ks.forward_item(job, item, mine);
+  }
+}
+
+size_t backward_workspace_bytes(const core::Problem& p) { return backward_layout(p).total(); }
+
+void backward(const core::Problem& p, void* workspace) {
+  const KernelSet& ks = active_kernels();
+  const BackwardLayout l = backward_layout(p);
+  BackwardJob job;
+  job.p = &p;
+  job.tiles = l.tiles;
+  job.q_blocks = ceil_div(p.seqlen_q, l.tiles.bm);
+  job.kv_blocks = ceil_div(p.seqlen_k, l.tiles.bn);
+  job.need_dq = static_cast<bool>(p.dq);
+  job.need_dk = static_cast<bool>(p.dk);
+  job.need_dv = static_cast<bool>(p.dv);
+  char* at = align_ptr(workspace);
+  char* scratch = at;
+  at += l.threads * l.scratch;
+  job.delta = reinterpret_cast<float*>(at);
+  at += l.rows;
+  job.lse2 = reinterpret_cast<float*>(at);
+  at += l.rows;
+  job.dq_next = reinterpret_cast<int64_t*>(at);
+  at += l.counters;
+  if (l.dq_acc) {
+    job.dq_acc = reinterpret_cast<float*>(at);
+    job.dq_ss = p.head_dim;
+    job.dq_sh = p.seqlen_q * job.dq_ss;
+    job.dq_sb = p.heads_q * job.dq_sh;
+  } else if (p.dq) {
+    job.dq_acc = static_cast<float*>(p.dq.data);
+    job.dq_sb = p.dq.sb;
+    job.dq_sh = p.dq.sh;
+    job.dq_ss = p.dq.ss;
+  }
+  const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
+  const int64_t items = backward_items(p, l.tiles);
+  const bool store_dq = l.dq_acc != 0;
+  std::atomic<int64_t> next{0};
+#pragma omp parallel num_threads(l.threads)
+  {
+    const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+    // Phase 1: delta = rowsum(dO * O), lse2, zeroed dQ accumulator; static row ranges.
+    const int64_t chunk = ceil_div(rows, nt);
+    ks.backward_rows(job, std::min(rows, tid * chunk), std::min(rows, (tid + 1) * chunk));
+#pragma omp barrier
+    // Phase 2: key blocks, claimed in increasing order.
+    char* mine = scratch + tid * l.scratch;
+    for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < items;)
+      ks.backward_item(job, item, mine);
+    if (store_dq) {
+#pragma omp barrier
+      ks.backward_store_dq(job, std::min(rows, tid * chunk), std::min(rows, (tid + 1) * chunk));
+    }
+  }
+}
+
+} // namespace flashback::cpu

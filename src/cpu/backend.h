@@ -1,0 +1,20 @@
+// The CPU backend: workspace sizes and the threaded phases of forward and backward.
+#pragma once
+
+#include <cstddef>
+
+#include "core/problem.h"
+
+namespace flashback::cpu {
+
+// The thread count a call uses: params.num_threads, else FLASHBACK_NUM_THREADS, else OpenMP's default.
+int resolve_threads(const core::Problem& p);
+
+size_t forward_workspace_bytes(const core::Problem& p);
+size_t backward_workspace_bytes(const core::Problem& p);
+
+// Workspace: at least *_workspace_bytes(p) bytes, any alignment.
+void forward(const core::Problem& p, void* workspace);
+void backward(const core::Problem& p, void* workspace);
+
+} // namespace flashback::cpu

@@ -1,0 +1,99 @@
+#include "cpu/isa.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#define FLASHBACK_X86 1
+#endif
+
+namespace flashback::cpu {
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::scalar: return "scalar";
+    case Isa::avx2: return "avx2";
+    case Isa::avx512: return "avx512";
+    case Isa::amx: return "amx";
+  }
+  return "?";
+}
+
+bool parse_isa(const char* name, Isa* isa) {
+  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::amx})
+    if (std::strcmp(name, isa_name(i)) == 0) {
+      *isa = i;
+      return true;
+    }
+  return false;
+}
+
+#ifdef FLASHBACK_X86
+namespace {
+
+unsigned long long xgetbv0() {
+  unsigned eax, edx;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (static_cast<unsigned long long>(edx) << 32) | eax;
+}
+
+bool bit(unsigned reg, int b) { return (reg >> b) & 1u; }
+
+// Linux keeps AMX tile state off until a process asks (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA = 18); without it the first tile instruction faults.
+bool request_amx_permission() {
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
+Isa probe() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return Isa::scalar;
+  const bool osxsave = bit(c, 27), fma = bit(c, 12), f16c = bit(c, 29);
+  if (!osxsave) return Isa::scalar;
+  const unsigned long long xcr0 = xgetbv0();
+  const bool ymm_saved = (xcr0 & 0x6) == 0x6;           // SSE and AVX state
+  const bool zmm_saved = (xcr0 & 0xE6) == 0xE6;         // + opmask, ZMM_Hi256, Hi16_ZMM
+  const bool tiles_saved = (xcr0 & 0x60000) == 0x60000; // XTILECFG, XTILEDATA
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return Isa::scalar;
+  const bool avx2 = bit(b, 5), avx512f = bit(b, 16), avx512dq = bit(b, 17), avx512bw = bit(b, 30),
+             avx512vl = bit(b, 31);
+  const bool amx_bf16 = bit(d, 22), amx_tile = bit(d, 24);
+  if (!(ymm_saved && avx2 && fma && f16c)) return Isa::scalar;
+  if (!(zmm_saved && avx512f && avx512dq && avx512bw && avx512vl)) return Isa::avx2;
+  if (!(tiles_saved && amx_tile && amx_bf16 && request_amx_permission())) return Isa::avx512;
+  return Isa::amx;
+}
+
+} // namespace
+
+Isa machine_isa() {
+  static const Isa isa = probe();
+  return isa;
+}
+#else
+Isa machine_isa() { return Isa::scalar; }
+#endif
+
+Isa active_isa() {
+  static const Isa isa = [] {
+    Isa cap = machine_isa(), wanted;
+    const char* env = std::getenv("FLASHBACK_ISA");
+    if (env && *env && parse_isa(env, &wanted) && wanted < cap) cap = wanted;
+    return cap;
+  }();
+  return isa;
+}
+
+} // namespace flashback::cpu

@@ -1,0 +1,60 @@
+// The boundary between the generic CPU driver (threads, workspace, phases) and the per-ISA code.
+// Each instruction set compiles the algorithm of attention.h over its microkernels, in its own
+// translation unit with its own flags, and exports one KernelSet.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/problem.h"
+#include "cpu/isa.h"
+
+namespace flashback::cpu {
+
+// Block sizes: BM query rows by BN keys per tile.
+struct Tiles {
+  int64_t bm = 0, bn = 0;
+};
+
+// Everything a forward work item needs; items are (batch, head, query block).
+struct ForwardJob {
+  const core::Problem* p = nullptr;
+  Tiles tiles;
+  int64_t q_blocks = 0; // per (batch, head)
+};
+
+// Everything a backward work item needs; items are (batch, kv head, key block), claimed in increasing
+// order (the dQ ordering relies on it).
+struct BackwardJob {
+  const core::Problem* p = nullptr;
+  Tiles tiles;
+  int64_t q_blocks = 0, kv_blocks = 0;
+  bool need_dq = false, need_dk = false, need_dv = false;
+  float* delta = nullptr;    // [B * Hq * Sq] rowsum(dout * o), contiguous
+  float* lse2 = nullptr;     // [B * Hq * Sq] lse * log2(e), contiguous
+  int64_t* dq_next = nullptr; // [B * Hq * q_blocks]: the key block whose dQ contribution goes next
+  float* dq_acc = nullptr;   // f32 dQ accumulator: the caller's dq when it is f32, else workspace
+  int64_t dq_sb = 0, dq_sh = 0, dq_ss = 0;
+};
+
+struct KernelSet {
+  Isa isa;
+  Tiles (*tiles)(const core::Problem& p, bool backward);
+  size_t (*forward_scratch_bytes)(const core::Problem& p, Tiles t); // per thread
+  size_t (*backward_scratch_bytes)(const core::Problem& p, Tiles t); // per thread
+  void (*forward_item)(const ForwardJob& job, int64_t item, char* scratch);
+  // Rows [begin, end) of the flattened (batch, head, query) index: delta, lse2, zeroed dQ accumulator.
+  void (*backward_rows)(const BackwardJob& job, int64_t begin, int64_t end);
+  void (*backward_item)(const BackwardJob& job, int64_t item, char* scratch);
+  // Rows [begin, end): dq = dq_acc (converted) when the accumulator is not the caller's dq.
+  void (*backward_store_dq)(const BackwardJob& job, int64_t begin, int64_t end);
+};
+
+const KernelSet& kernels_scalar();
+const KernelSet& kernels_avx2();
+const KernelSet& kernels_avx512();
+
+// The kernel set for an instruction set this build has (falls back to the best one at or below it).
+const KernelSet& kernels_for(Isa isa);
+
+} // namespace flashback::cpu

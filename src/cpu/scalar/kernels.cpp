@@ -1,0 +1,108 @@
+// Portable microkernels: plain loops the compiler may vectorize for the baseline target. They define
+// what every other instruction set's kernels must compute.
+#include <cmath>
+#include <limits>
+
+#include "cpu/attention.h"
+#include "cpu/tiles.h"
+
+namespace flashback::cpu {
+namespace {
+
+struct ScalarMicro {
+  static constexpr Isa isa = Isa::scalar;
+
+  static Tiles tiles(const core::Problem& p, bool backward) {
+    return choose_tiles(isa, p.head_dim, p.head_dim_v, backward);
+  }
+
+  // C[M][N] = (acc ? row_scale[r] * C : 0) + A B, where A(r, k) = a[r * ars + k * aks] and
+  // B(k, c) = b[k * ldb + c]. row_scale may be null (1).
+  static void gemm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
+                   int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale) {
+    for (int64_t r = 0; r < m; ++r) {
+      float* crow = c + r * ldc;
+      if (!acc) {
+        for (int64_t x = 0; x < n; ++x) crow[x] = 0.0f;
+      } else if (row_scale) {
+        for (int64_t x = 0; x < n; ++x) crow[x] *= row_scale[r];
+      }
+      for (int64_t k = 0; k < kk; ++k) {
+        const float av = a[r * ars + k * aks];
+        const float* brow = b + k * ldb;
+        for (int64_t x = 0; x < n; ++x) crow[x] += av * brow[x];
+      }
+    }
+  }
+
+  // dst[c][r] = src[r][c] * mul for r < rows, c < cols; zero for rows <= r < rows_pad.
+  static void pack_t(const float* src, int64_t lds, int64_t rows, int64_t cols, float mul, float* dst, int64_t ldd,
+                     int64_t rows_pad) {
+    for (int64_t c = 0; c < cols; ++c) {
+      for (int64_t r = 0; r < rows; ++r) dst[c * ldd + r] = src[r * lds + c] * mul;
+      for (int64_t r = rows; r < rows_pad; ++r) dst[c * ldd + r] = 0.0f;
+    }
+  }
+
+  static bool visible(const Mask* mask, int64_t r, int64_t c) {
+    return !mask || (c - r >= mask->lo && c - r <= mask->hi);
+  }
+
+  // One online-softmax step on S^T [cols][ld] (log2 units) for rows [0, rows): updates the running
+  // max m and sum l, writes alpha = exp2(m_old - m_new), and overwrites S^T with P^T. A row that has
+  // seen no visible key yet keeps m = -inf and gets P = 0.
+  static void softmax_t(float* st, int64_t ld, int64_t rows, int64_t cols, const Mask* mask, float* m, float* l,
+                        float* alpha) {
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    for (int64_t r = 0; r < rows; ++r) {
+      float mx = m[r];
+      for (int64_t c = 0; c < cols; ++c) {
+        float& x = st[c * ld + r];
+        if (!visible(mask, r, c)) x = kNegInf;
+        mx = std::max(mx, x);
+      }
+      const float ref = mx == kNegInf ? 0.0f : mx;
+      alpha[r] = std::exp2(m[r] - ref);
+      float sum = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) {
+        float& x = st[c * ld + r];
+        x = std::exp2(x - ref);
+        sum += x;
+      }
+      l[r] = l[r] * alpha[r] + sum;
+      m[r] = mx;
+    }
+  }
+
+  // S [rows][ld] -> P = exp2(S * mul - lse2[r]), 0 where masked.
+  static void probs(float* s, int64_t ld, int64_t rows, int64_t cols, float mul, const float* lse2,
+                    const Mask* mask) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        float& x = s[r * ld + c];
+        x = visible(mask, r, c) ? std::exp2(x * mul - lse2[r]) : 0.0f;
+      }
+  }
+
+  // dP [rows][ld] -> dS = P (dP - delta[r]) * scale.
+  static void dscores(const float* p, float* dp, int64_t ld, int64_t rows, int64_t cols, const float* delta,
+                      float scale) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        float& x = dp[r * ld + c];
+        x = p[r * ld + c] * (x - delta[r]) * scale;
+      }
+  }
+
+  static float dot(const float* a, const float* b, int64_t n) {
+    float s = 0.0f;
+    for (int64_t x = 0; x < n; ++x) s += a[x] * b[x];
+    return s;
+  }
+};
+
+} // namespace
+
+const KernelSet& kernels_scalar() { return make_kernel_set<ScalarMicro>(); }
+
+} // namespace flashback::cpu

@@ -1,0 +1,109 @@
+#include "reference.h"
+
+#include <cmath>
+#include <limits>
+
+namespace ref {
+
+bool visible(const Shape& s, const Options& o, int64_t i, int64_t j) {
+  const int64_t right = o.causal ? 0 : o.window_right;
+  const int64_t diag = i + s.seqlen_k - s.seqlen_q; // the key query i is aligned with
+  if (o.window_left >= 0 && j < diag - o.window_left) return false;
+  if (right >= 0 && j > diag + right) return false;
+  return true;
+}
+
+double scale_of(const Shape& s, const Options& o) {
+  return o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+}
+
+namespace {
+
+// The probabilities of one query row over all keys (0 where masked) and its logsumexp.
+double row_probs(const Shape& s, const Options& o, const double* qrow, const double* kh, int64_t i,
+                 std::vector<double>& p) {
+  const double scale = scale_of(s, o);
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < s.seqlen_k; ++j) {
+    p[j] = -std::numeric_limits<double>::infinity();
+    if (!visible(s, o, i, j)) continue;
+    double dot = 0;
+    for (int64_t x = 0; x < s.head_dim; ++x) dot += qrow[x] * kh[j * s.head_dim + x];
+    p[j] = dot * scale;
+    mx = std::max(mx, p[j]);
+  }
+  if (mx == -std::numeric_limits<double>::infinity()) {
+    for (int64_t j = 0; j < s.seqlen_k; ++j) p[j] = 0;
+    return mx;
+  }
+  double sum = 0;
+  for (int64_t j = 0; j < s.seqlen_k; ++j) sum += std::exp(p[j] - mx);
+  const double lse = mx + std::log(sum);
+  for (int64_t j = 0; j < s.seqlen_k; ++j) p[j] = std::exp(p[j] - lse);
+  return lse;
+}
+
+} // namespace
+
+void forward(const Shape& s, const Options& o, const std::vector<double>& q, const std::vector<double>& k,
+             const std::vector<double>& v, std::vector<double>& out, std::vector<double>& lse) {
+  const int64_t group = s.heads_q / s.heads_kv;
+  out.assign(s.batch * s.heads_q * s.seqlen_q * s.head_dim_v, 0.0);
+  lse.assign(s.batch * s.heads_q * s.seqlen_q, 0.0);
+  std::vector<double> p(s.seqlen_k);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads_q; ++h) {
+      const int64_t hk = h / group;
+      const double* kh = k.data() + (b * s.heads_kv + hk) * s.seqlen_k * s.head_dim;
+      const double* vh = v.data() + (b * s.heads_kv + hk) * s.seqlen_k * s.head_dim_v;
+      for (int64_t i = 0; i < s.seqlen_q; ++i) {
+        const int64_t row = (b * s.heads_q + h) * s.seqlen_q + i;
+        lse[row] = row_probs(s, o, q.data() + row * s.head_dim, kh, i, p);
+        for (int64_t j = 0; j < s.seqlen_k; ++j)
+          for (int64_t x = 0; x < s.head_dim_v; ++x) out[row * s.head_dim_v + x] += p[j] * vh[j * s.head_dim_v + x];
+      }
+    }
+}
+
+void backward(const Shape& s, const Options& o, const std::vector<double>& q, const std::vector<double>& k,
+              const std::vector<double>& v, const std::vector<double>& dout, std::vector<double>& dq,
+              std::vector<double>& dk, std::vector<double>& dv, std::vector<double>& delta) {
+  const int64_t group = s.heads_q / s.heads_kv;
+  const double scale = scale_of(s, o);
+  dq.assign(q.size(), 0.0);
+  dk.assign(k.size(), 0.0);
+  dv.assign(v.size(), 0.0);
+  delta.assign(s.batch * s.heads_q * s.seqlen_q, 0.0);
+  std::vector<double> p(s.seqlen_k), dp(s.seqlen_k);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads_q; ++h) {
+      const int64_t hk = h / group;
+      const int64_t kbase = (b * s.heads_kv + hk) * s.seqlen_k;
+      const double* kh = k.data() + kbase * s.head_dim;
+      const double* vh = v.data() + kbase * s.head_dim_v;
+      for (int64_t i = 0; i < s.seqlen_q; ++i) {
+        const int64_t row = (b * s.heads_q + h) * s.seqlen_q + i;
+        const double* g = dout.data() + row * s.head_dim_v;
+        row_probs(s, o, q.data() + row * s.head_dim, kh, i, p);
+        // delta = sum_j p_j (dout . v_j) = dout . o
+        double dl = 0;
+        for (int64_t j = 0; j < s.seqlen_k; ++j) {
+          dp[j] = 0;
+          for (int64_t x = 0; x < s.head_dim_v; ++x) dp[j] += g[x] * vh[j * s.head_dim_v + x];
+          dl += p[j] * dp[j];
+        }
+        delta[row] = dl;
+        for (int64_t j = 0; j < s.seqlen_k; ++j) {
+          if (p[j] == 0) continue;
+          const double ds = p[j] * (dp[j] - dl) * scale;
+          for (int64_t x = 0; x < s.head_dim; ++x) {
+            dq[row * s.head_dim + x] += ds * kh[j * s.head_dim + x];
+            dk[(kbase + j) * s.head_dim + x] += ds * q[row * s.head_dim + x];
+          }
+          for (int64_t x = 0; x < s.head_dim_v; ++x) dv[(kbase + j) * s.head_dim_v + x] += p[j] * g[x];
+        }
+      }
+    }
+}
+
+} // namespace ref

@@ -1,0 +1,35 @@
+// The float64 reference: naive attention over dense [B, H, S, D] arrays, written from the definitions
+// and independent of the library's code (no blocks, no online softmax, its own mask test).
+// It lives in tests/ and nowhere else.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace ref {
+
+struct Shape {
+  int64_t batch = 1, heads_q = 1, heads_kv = 1, seqlen_q = 1, seqlen_k = 1, head_dim = 1, head_dim_v = 1;
+};
+
+struct Options {
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1; // -1: unbounded
+  double scale = 0;                            // 0: 1/sqrt(head_dim)
+};
+
+// Query i sees key j (FlashAttention-2's bottom-right alignment; causal = window (left, 0)).
+bool visible(const Shape& s, const Options& o, int64_t i, int64_t j);
+double scale_of(const Shape& s, const Options& o);
+
+// q [B,Hq,Sq,D], k [B,Hk,Sk,D], v [B,Hk,Sk,Dv] -> o [B,Hq,Sq,Dv], lse [B,Hq,Sq] (natural log;
+// -inf and o = 0 for a row that sees no key).
+void forward(const Shape& s, const Options& o, const std::vector<double>& q, const std::vector<double>& k,
+             const std::vector<double>& v, std::vector<double>& out, std::vector<double>& lse);
+
+// Gradients of sum(dout * o) with respect to q, k, v; delta = rowsum(dout * o).
+void backward(const Shape& s, const Options& o, const std::vector<double>& q, const std::vector<double>& k,
+              const std::vector<double>& v, const std::vector<double>& dout, std::vector<double>& dq,
+              std::vector<double>& dk, std::vector<double>& dv, std::vector<double>& delta);
+
+} // namespace ref
