@@ -106,4 +106,90 @@ void backward(const Shape& s, const Options& o, const std::vector<double>& q, co
     }
 }
 
+double forward_row(const Shape& s, const Options& o, const std::vector<double>& q, const std::vector<double>& k,
+                   const std::vector<double>& v, int64_t b, int64_t h, int64_t i, double* o_row) {
+  const int64_t hk = h / (s.heads_q / s.heads_kv);
+  const double* kh = k.data() + (b * s.heads_kv + hk) * s.seqlen_k * s.head_dim;
+  const double* vh = v.data() + (b * s.heads_kv + hk) * s.seqlen_k * s.head_dim_v;
+  const int64_t row = (b * s.heads_q + h) * s.seqlen_q + i;
+  std::vector<double> p(s.seqlen_k);
+  const double lse = row_probs(s, o, q.data() + row * s.head_dim, kh, i, p);
+  for (int64_t x = 0; x < s.head_dim_v; ++x) o_row[x] = 0;
+  for (int64_t j = 0; j < s.seqlen_k; ++j)
+    for (int64_t x = 0; x < s.head_dim_v; ++x) o_row[x] += p[j] * vh[j * s.head_dim_v + x];
+  return lse;
+}
+
+double dq_row(const Shape& s, const Options& o, const std::vector<double>& q, const std::vector<double>& k,
+              const std::vector<double>& v, const std::vector<double>& dout, int64_t b, int64_t h, int64_t i,
+              double* dq_out) {
+  const int64_t hk = h / (s.heads_q / s.heads_kv);
+  const double* kh = k.data() + (b * s.heads_kv + hk) * s.seqlen_k * s.head_dim;
+  const double* vh = v.data() + (b * s.heads_kv + hk) * s.seqlen_k * s.head_dim_v;
+  const int64_t row = (b * s.heads_q + h) * s.seqlen_q + i;
+  const double* g = dout.data() + row * s.head_dim_v;
+  std::vector<double> p(s.seqlen_k), dp(s.seqlen_k);
+  row_probs(s, o, q.data() + row * s.head_dim, kh, i, p);
+  double dl = 0;
+  for (int64_t j = 0; j < s.seqlen_k; ++j) {
+    dp[j] = 0;
+    for (int64_t x = 0; x < s.head_dim_v; ++x) dp[j] += g[x] * vh[j * s.head_dim_v + x];
+    dl += p[j] * dp[j];
+  }
+  const double scale = scale_of(s, o);
+  for (int64_t x = 0; x < s.head_dim; ++x) dq_out[x] = 0;
+  for (int64_t j = 0; j < s.seqlen_k; ++j) {
+    const double ds = p[j] * (dp[j] - dl) * scale;
+    for (int64_t x = 0; x < s.head_dim; ++x) dq_out[x] += ds * kh[j * s.head_dim + x];
+  }
+  return dl;
+}
+
+KvHeadStats kv_head_stats(const Shape& s, const Options& o, const std::vector<double>& q,
+                          const std::vector<double>& k, const std::vector<double>& v,
+                          const std::vector<double>& dout, int64_t b, int64_t hk) {
+  const int64_t group = s.heads_q / s.heads_kv;
+  KvHeadStats st;
+  st.lse.resize(group * s.seqlen_q);
+  st.delta.resize(group * s.seqlen_q);
+  std::vector<double> orow(s.head_dim_v);
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t i = 0; i < s.seqlen_q; ++i) {
+      const int64_t h = hk * group + g;
+      st.lse[g * s.seqlen_q + i] = forward_row(s, o, q, k, v, b, h, i, orow.data());
+      const double* gr = dout.data() + ((b * s.heads_q + h) * s.seqlen_q + i) * s.head_dim_v;
+      double dl = 0;
+      for (int64_t x = 0; x < s.head_dim_v; ++x) dl += gr[x] * orow[x];
+      st.delta[g * s.seqlen_q + i] = dl;
+    }
+  return st;
+}
+
+void dkv_row(const Shape& s, const Options& o, const std::vector<double>& q, const std::vector<double>& k,
+             const std::vector<double>& v, const std::vector<double>& dout, const KvHeadStats& stats, int64_t b,
+             int64_t hk, int64_t j, double* dk_out, double* dv_out) {
+  const int64_t group = s.heads_q / s.heads_kv;
+  const double scale = scale_of(s, o);
+  const int64_t krow = (b * s.heads_kv + hk) * s.seqlen_k + j;
+  const double* kj = k.data() + krow * s.head_dim;
+  const double* vj = v.data() + krow * s.head_dim_v;
+  for (int64_t x = 0; x < s.head_dim; ++x) dk_out[x] = 0;
+  for (int64_t x = 0; x < s.head_dim_v; ++x) dv_out[x] = 0;
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t i = 0; i < s.seqlen_q; ++i) {
+      if (!visible(s, o, i, j)) continue;
+      const int64_t h = hk * group + g;
+      const int64_t row = (b * s.heads_q + h) * s.seqlen_q + i;
+      const double* qi = q.data() + row * s.head_dim;
+      const double* gi = dout.data() + row * s.head_dim_v;
+      double dot = 0, dp = 0;
+      for (int64_t x = 0; x < s.head_dim; ++x) dot += qi[x] * kj[x];
+      for (int64_t x = 0; x < s.head_dim_v; ++x) dp += gi[x] * vj[x];
+      const double p = std::exp(dot * scale - stats.lse[g * s.seqlen_q + i]);
+      const double ds = p * (dp - stats.delta[g * s.seqlen_q + i]) * scale;
+      for (int64_t x = 0; x < s.head_dim; ++x) dk_out[x] += ds * qi[x];
+      for (int64_t x = 0; x < s.head_dim_v; ++x) dv_out[x] += p * gi[x];
+    }
+}
+
 } // namespace ref

@@ -32,4 +32,26 @@ void backward(const Shape& s, const Options& o, const std::vector<double>& q, co
               const std::vector<double>& v, const std::vector<double>& dout, std::vector<double>& dq,
               std::vector<double>& dk, std::vector<double>& dv, std::vector<double>& delta);
 
+// Row-level pieces, for checking samples of large problems (flashback bench / check).
+// All arrays are the same dense [B, H, S, D] layouts as above.
+
+// One query row (b, h, i): writes o_row [Dv], returns its lse.
+double forward_row(const Shape& s, const Options& o, const std::vector<double>& q, const std::vector<double>& k,
+                   const std::vector<double>& v, int64_t b, int64_t h, int64_t i, double* o_row);
+// dq of one query row (b, h, i) [D]; returns its delta.
+double dq_row(const Shape& s, const Options& o, const std::vector<double>& q, const std::vector<double>& k,
+              const std::vector<double>& v, const std::vector<double>& dout, int64_t b, int64_t h, int64_t i,
+              double* dq_out);
+// lse and delta of every query row of the heads that read kv head (b, hk): [group][Sq] each.
+struct KvHeadStats {
+  std::vector<double> lse, delta;
+};
+KvHeadStats kv_head_stats(const Shape& s, const Options& o, const std::vector<double>& q,
+                          const std::vector<double>& k, const std::vector<double>& v,
+                          const std::vector<double>& dout, int64_t b, int64_t hk);
+// dk [D] and dv [Dv] of one key row (b, hk, j), given that head's stats.
+void dkv_row(const Shape& s, const Options& o, const std::vector<double>& q, const std::vector<double>& k,
+             const std::vector<double>& v, const std::vector<double>& dout, const KvHeadStats& stats, int64_t b,
+             int64_t hk, int64_t j, double* dk_out, double* dv_out);
+
 } // namespace ref
