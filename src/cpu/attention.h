@@ -11,14 +11,14 @@
 // thread count and schedule.
 //
 // Internal linkage on purpose: every ISA translation unit gets its own copy, compiled with its flags.
+// For the same reason this code uses no std:: function templates (std::fill, std::min, ...): an
+// out-of-line instantiation would be a weak symbol compiled with AVX-512 flags that the linker may
+// pick for generic code. tests/cpu/isa_symbols_test checks the ISA objects export nothing else.
 #pragma once
 
-#include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
-#include <limits>
-#include <thread>
+#include <sched.h>
 
 #include "cpu/kernels.h"
 
@@ -30,8 +30,14 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr int64_t kAlign = 64;  // bytes: one cache line, one zmm
 constexpr int64_t kLanes = 16;  // leading dimensions are padded to this many floats
 
+constexpr float kInf = __builtin_inff();
+
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-inline int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+inline void fill(float* p, int64_t n, float value) {
+  for (int64_t i = 0; i < n; ++i) p[i] = value;
+}
 
 // The element mask of one tile: local row r, column c is visible iff lo <= c - r <= hi.
 struct Mask {
@@ -41,8 +47,8 @@ struct Mask {
 inline Mask tile_mask(const core::Band& band, int64_t i0, int64_t j0) {
   // dlo - (j0 - i0) etc.; clamped to what can matter inside a tile (|c - r| < 2^20).
   constexpr int64_t kFar = int64_t{1} << 30;
-  const int64_t lo = std::clamp<int64_t>(band.dlo - (j0 - i0), -kFar, kFar);
-  const int64_t hi = std::clamp<int64_t>(band.dhi - (j0 - i0), -kFar, kFar);
+  const int64_t lo = clamp64(band.dlo - (j0 - i0), -kFar, kFar);
+  const int64_t hi = clamp64(band.dhi - (j0 - i0), -kFar, kFar);
   return {static_cast<int32_t>(lo), static_cast<int32_t>(hi)};
 }
 
@@ -104,7 +110,7 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
   // dynamic schedule starts with the longest ones.
   const int64_t bh = item / job.q_blocks, ib = job.q_blocks - 1 - item % job.q_blocks;
   const int64_t b = bh / p.heads_q, h = bh % p.heads_q, hk = h / p.group();
-  const int64_t i0 = ib * t.bm, i1 = std::min(p.seqlen_q, i0 + t.bm), rows = i1 - i0;
+  const int64_t i0 = ib * t.bm, i1 = min64(p.seqlen_q, i0 + t.bm), rows = i1 - i0;
   const int64_t d = p.head_dim, dv = p.head_dim_v;
   ForwardScratch s = forward_layout(p, t, scratch);
 
@@ -114,20 +120,20 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
   p.band.keys_of_rows(i0, i1, p.seqlen_k, &kfirst, &klast);
   if (kfirst > klast) { // no row of the block sees a key
     for (int64_t r = 0; r < rows; ++r) {
-      std::fill(o + r * p.o.ss, o + r * p.o.ss + dv, 0.0f);
-      lse[r] = -std::numeric_limits<float>::infinity();
+      fill(o + r * p.o.ss, dv, 0.0f);
+      lse[r] = -kInf;
     }
     return;
   }
 
   // qt [D][BMp] = (Q rows)^T * scale * log2(e); rows >= `rows` are zero.
   Micro::pack_t(row_ptr<const float>(p.q, b, h, i0), p.q.ss, rows, d, p.scale * kLog2e, s.qt, s.bmp, s.bmp);
-  std::fill(s.m, s.m + s.bmp, -std::numeric_limits<float>::infinity());
-  std::fill(s.l, s.l + s.bmp, 0.0f);
+  fill(s.m, s.bmp, -kInf);
+  fill(s.l, s.bmp, 0.0f);
 
   bool first = true;
   for (int64_t jb = kfirst / t.bn; jb <= klast / t.bn; ++jb) {
-    const int64_t j0 = jb * t.bn, cols = std::min(p.seqlen_k, j0 + t.bn) - j0;
+    const int64_t j0 = jb * t.bn, cols = min64(p.seqlen_k, j0 + t.bn) - j0;
     const float* k = row_ptr<const float>(p.k, b, hk, j0);
     const float* v = row_ptr<const float>(p.v, b, hk, j0);
     // st [cols][BMp] = K Q^T, in log2 units
@@ -145,10 +151,10 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
     if (s.l[r] > 0) {
       const float inv = 1.0f / s.l[r];
       for (int64_t x = 0; x < dv; ++x) orow[x] = s.oacc[r * s.dvp + x] * inv;
-      lse[r] = (s.m[r] + std::log2(s.l[r])) * kLn2;
+      lse[r] = (s.m[r] + __builtin_log2f(s.l[r])) * kLn2;
     } else { // this row sees no key
-      std::fill(orow, orow + dv, 0.0f);
-      lse[r] = -std::numeric_limits<float>::infinity();
+      fill(orow, dv, 0.0f);
+      lse[r] = -kInf;
     }
   }
 }
@@ -201,11 +207,11 @@ void backward_rows(const BackwardJob& job, int64_t begin, int64_t end) {
     job.lse2[row] = p.lse.data[b * p.lse.sb + h * p.lse.sh + i] * kLog2e;
     if (job.need_dq) {
       float* acc = job.dq_acc + b * job.dq_sb + h * job.dq_sh + i * job.dq_ss;
-      std::fill(acc, acc + d, 0.0f);
+      fill(acc, d, 0.0f);
       if (i % job.tiles.bm == 0) { // the first key block that adds to this query block
         const int64_t ib = i / job.tiles.bm;
         int64_t kfirst, klast;
-        p.band.keys_of_rows(i, std::min(p.seqlen_q, i + job.tiles.bm), p.seqlen_k, &kfirst, &klast);
+        p.band.keys_of_rows(i, min64(p.seqlen_q, i + job.tiles.bm), p.seqlen_k, &kfirst, &klast);
         job.dq_next[bh * job.q_blocks + ib] = kfirst <= klast ? kfirst / job.tiles.bn : 0;
       }
     }
@@ -214,20 +220,20 @@ void backward_rows(const BackwardJob& job, int64_t begin, int64_t end) {
 
 // Wait until the dQ accumulator of a query block expects this key block's contribution.
 inline void wait_turn(int64_t* next, int64_t jb) {
-  std::atomic_ref<int64_t> turn(*next);
-  for (int spins = 0; turn.load(std::memory_order_acquire) != jb;) {
-    if (++spins < 2000) {
+  for (int spins = 0; __atomic_load_n(next, __ATOMIC_ACQUIRE) != jb;) {
+    if (spins < 2000) {
+      ++spins;
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
 #endif
     } else {
-      std::this_thread::yield(); // more threads than cores: let the one we wait for run
+      sched_yield(); // more threads than cores: let the one we wait for run
     }
   }
 }
 
 inline void pass_turn(int64_t* next, int64_t jb) {
-  std::atomic_ref<int64_t>(*next).store(jb + 1, std::memory_order_release);
+  __atomic_store_n(next, jb + 1, __ATOMIC_RELEASE);
 }
 
 template <class Micro>
@@ -236,7 +242,7 @@ void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
   const Tiles t = job.tiles;
   const int64_t bhk = item / job.kv_blocks, jb = item % job.kv_blocks;
   const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
-  const int64_t j0 = jb * t.bn, cols = std::min(p.seqlen_k, j0 + t.bn) - j0;
+  const int64_t j0 = jb * t.bn, cols = min64(p.seqlen_k, j0 + t.bn) - j0;
   const int64_t d = p.head_dim, dv = p.head_dim_v;
   BackwardScratch s = backward_layout(p, t, scratch);
 
@@ -245,15 +251,15 @@ void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
   const bool need_ds = job.need_dk || job.need_dq;
   Micro::pack_t(k, p.k.ss, cols, d, 1.0f, s.kt, s.bnp, s.bnp);
   if (need_ds) Micro::pack_t(v, p.v.ss, cols, dv, 1.0f, s.vt, s.bnp, s.bnp);
-  if (job.need_dk) std::fill(s.dk, s.dk + cols * s.dp_ld, 0.0f);
-  if (job.need_dv) std::fill(s.dv, s.dv + cols * s.dvp, 0.0f);
+  if (job.need_dk) fill(s.dk, cols * s.dp_ld, 0.0f);
+  if (job.need_dv) fill(s.dv, cols * s.dvp, 0.0f);
 
   int64_t ifirst, ilast;
   p.band.rows_of_keys(j0, j0 + cols, p.seqlen_q, &ifirst, &ilast);
   const float mul = p.scale * kLog2e;
   for (int64_t h = hk * p.group(); h < (hk + 1) * p.group() && ifirst <= ilast; ++h) {
     for (int64_t ib = ifirst / t.bm; ib <= ilast / t.bm; ++ib) {
-      const int64_t i0 = ib * t.bm, rows = std::min(p.seqlen_q, i0 + t.bm) - i0;
+      const int64_t i0 = ib * t.bm, rows = min64(p.seqlen_q, i0 + t.bm) - i0;
       const int64_t row0 = (b * p.heads_q + h) * p.seqlen_q + i0;
       const float* q = row_ptr<const float>(p.q, b, h, i0);
       const float* dout = row_ptr<const float>(p.dout, b, h, i0);

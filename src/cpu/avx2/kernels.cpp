@@ -1,0 +1,104 @@
+// AVX2 + FMA f32 kernels: MicroF32 over 8-lane ymm vectors.
+// Compiled with -mavx2 -mfma -mf16c only; chosen at run time (cpu/isa.cpp).
+#include <immintrin.h>
+
+#include "cpu/micro_f32.h"
+#include "cpu/tiles.h"
+
+namespace flashback::cpu {
+namespace {
+
+struct V256 {
+  using reg = __m256;
+  using mask = __m256i; // all-ones lanes are selected
+  static constexpr int lanes = 8;
+  static constexpr int kRegisters = 16;
+  // 6 x 2 ymm of C: 12 accumulators for 2 FMA ports x 4 cycles of latency, plus 2 of B and a
+  // broadcast: 15 of the 16 registers.
+  static constexpr int kMR = 6, kNV = 2;
+
+  static reg zero() { return _mm256_setzero_ps(); }
+  static reg set1(float x) { return _mm256_set1_ps(x); }
+  static reg loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static void storeu(float* p, reg x) { _mm256_storeu_ps(p, x); }
+  static mask first_lanes(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  // Masked-off lanes are neither read nor faulted on.
+  static reg load_masked(const float* p, mask m) { return _mm256_maskload_ps(p, m); }
+  static void store_masked(float* p, mask m, reg x) { _mm256_maskstore_ps(p, m, x); }
+  static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static reg fms(reg a, reg b, reg c) { return _mm256_fmsub_ps(a, b, c); } // a * b - c
+  static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
+  static mask equal(reg a, reg b) { return _mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_EQ_OQ)); }
+  static reg select(mask m, reg yes, reg no) { return _mm256_blendv_ps(no, yes, _mm256_castsi256_ps(m)); }
+  static float reduce_add(reg x) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+
+  // Lanes i with lo <= base + step * i <= hi.
+  static mask in_band(int32_t base, int32_t step, int32_t lo, int32_t hi) {
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i v = _mm256_add_epi32(_mm256_set1_epi32(base), _mm256_mullo_epi32(iota, _mm256_set1_epi32(step)));
+    const __m256i out = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(lo), v),
+                                        _mm256_cmpgt_epi32(v, _mm256_set1_epi32(hi)));
+    return _mm256_xor_si256(out, _mm256_set1_epi32(-1));
+  }
+
+  // 2^x as in V512::exp2, with 2^n built in the exponent field: x is clamped to [-127, 128], so
+  // n = -127 gives the bits of 0 (results below 2^-126 flush to 0) and n = 128 those of inf.
+  // The operand order of max/min keeps NaN.
+  static reg exp2(reg x) {
+    x = _mm256_min_ps(_mm256_set1_ps(128.0f), _mm256_max_ps(_mm256_set1_ps(-127.0f), x));
+    const reg n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const reg f = _mm256_sub_ps(x, n);
+    reg p = _mm256_set1_ps(1.5403530393381606e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  }
+
+  // In-register transpose of 8 rows of 8 floats.
+  static void transpose(reg (&r)[8]) {
+    reg t[8] = {};
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    reg u[8] = {};
+    for (int i = 0; i < 8; i += 4) {
+      u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int j = 0; j < 4; ++j) {
+      r[j] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x20);
+      r[j + 4] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x31);
+    }
+  }
+};
+
+struct Avx2Micro : MicroF32<V256> {
+  static constexpr Isa isa = Isa::avx2;
+  static Tiles tiles(const core::Problem& p, bool backward) {
+    return choose_tiles(isa, p.head_dim, p.head_dim_v, backward);
+  }
+};
+
+} // namespace
+
+const KernelSet& kernels_avx2() { return make_kernel_set<Avx2Micro>(); }
+
+} // namespace flashback::cpu

@@ -1,0 +1,220 @@
+// f32 microkernels written once over a vector type V (AVX-512: 16 lanes, AVX2: 8 lanes). V supplies
+// typed inline operations (see avx512/kernels.cpp); this file supplies what attention.h calls: a
+// register-blocked GEMM with strided A, a transposing pack, the softmax steps and a dot product.
+// Compiled only inside the ISA's translation unit, with its flags; internal linkage, and no std::
+// templates that could be emitted out of line (see attention.h).
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/attention.h"
+
+namespace flashback::cpu {
+namespace {
+
+template <class V>
+struct MicroF32 {
+  using R = typename V::reg;
+  using K = typename V::mask;
+  static constexpr int L = V::lanes;
+  // Register blocking: MR rows by NV vectors of C stay in registers across the whole k loop.
+  static constexpr int MR = V::kMR, NV = V::kNV;
+  static_assert(MR * NV + NV + 1 <= V::kRegisters, "the C tile, a row of B and a broadcast must fit");
+
+  // --- GEMM ----------------------------------------------------------------------------------------
+  // C[mr][nv*L] = (acc ? row_scale * C : 0) + A B over k < kk. The last vector of each row is
+  // masked by `last` when kTail (partial columns), so nothing outside the tile is read or written.
+  template <int mr, int nv, bool kTail>
+  static void tile(int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb, float* c,
+                   int64_t ldc, bool acc, const float* row_scale, K last) {
+    R cr[mr][nv];
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; ++r) {
+      const R s = row_scale ? V::set1(row_scale[r]) : V::set1(1.0f);
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; ++v) {
+        if (!acc) {
+          cr[r][v] = V::zero();
+        } else {
+          const float* p = c + r * ldc + v * L;
+          cr[r][v] = V::mul(kTail && v == nv - 1 ? V::load_masked(p, last) : V::loadu(p), s);
+        }
+      }
+    }
+    const float* ar[mr];
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; ++r) ar[r] = a + r * ars;
+    for (int64_t k = 0; k < kk; ++k) {
+      const float* brow = b + k * ldb;
+      R bv[nv];
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; ++v)
+        bv[v] = kTail && v == nv - 1 ? V::load_masked(brow + v * L, last) : V::loadu(brow + v * L);
+#pragma GCC unroll 8
+      for (int r = 0; r < mr; ++r) {
+        const R av = V::set1(ar[r][k * aks]);
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; ++v) cr[r][v] = V::fma(av, bv[v], cr[r][v]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; ++v) {
+        float* p = c + r * ldc + v * L;
+        if (kTail && v == nv - 1)
+          V::store_masked(p, last, cr[r][v]);
+        else
+          V::storeu(p, cr[r][v]);
+      }
+  }
+
+  using TileFn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, bool,
+                          const float*, K);
+
+  // The instantiation for (mr, nv, tail); a chain of compares, once per tile of thousands of FMAs.
+  template <int mr, int nv = 1>
+  static TileFn pick_nv(int want_nv, bool tail) {
+    if constexpr (nv > NV) {
+      return nullptr;
+    } else {
+      if (want_nv == nv) return tail ? &tile<mr, nv, true> : &tile<mr, nv, false>;
+      return pick_nv<mr, nv + 1>(want_nv, tail);
+    }
+  }
+  template <int mr = 1>
+  static TileFn pick_tile(int want_mr, int want_nv, bool tail) {
+    if constexpr (mr > MR) {
+      return nullptr;
+    } else {
+      if (want_mr == mr) return pick_nv<mr>(want_nv, tail);
+      return pick_tile<mr + 1>(want_mr, want_nv, tail);
+    }
+  }
+
+  // C[m][n] = (acc ? row_scale[r] * C : 0) + A B with A(r, k) = a[r * ars + k * aks],
+  // B(k, x) = b[k * ldb + x]. Column panels of NV*L outside (the panel of B stays in cache), row
+  // tiles of MR inside.
+  static void gemm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
+                   int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale) {
+    for (int64_t c0 = 0; c0 < n; c0 += NV * L) {
+      const int64_t width = min64(NV * L, n - c0);
+      const int nv = static_cast<int>((width + L - 1) / L);
+      const int rem = static_cast<int>(width - (nv - 1) * L);
+      const K last = V::first_lanes(rem);
+      const bool tail = rem != L;
+      for (int64_t r0 = 0; r0 < m; r0 += MR) {
+        const int mr = static_cast<int>(min64(MR, m - r0));
+        pick_tile(mr, nv, tail)(kk, a + r0 * ars, ars, aks, b + c0, ldb, c + r0 * ldc + c0, ldc, acc,
+                                     row_scale ? row_scale + r0 : nullptr, last);
+      }
+    }
+  }
+
+  // --- Packing -------------------------------------------------------------------------------------
+  // dst[c][r] = src[r][c] * mul for r < rows, c < cols; zero for rows <= r < rows_pad (a multiple of L).
+  // L x L blocks transposed in registers.
+  static void pack_t(const float* src, int64_t lds, int64_t rows, int64_t cols, float mul, float* dst, int64_t ldd,
+                     int64_t rows_pad) {
+    const R scale = V::set1(mul);
+    for (int64_t r0 = 0; r0 < rows_pad; r0 += L) {
+      for (int64_t c0 = 0; c0 < cols; c0 += L) {
+        const int64_t nc = min64(L, cols - c0);
+        const K cmask = V::first_lanes(static_cast<int>(nc));
+        R block[L];
+        for (int i = 0; i < L; ++i)
+          block[i] = r0 + i < rows ? V::mul(V::load_masked(src + (r0 + i) * lds + c0, cmask), scale) : V::zero();
+        V::transpose(block);
+        for (int j = 0; j < nc; ++j) V::storeu(dst + (c0 + j) * ldd + r0, block[j]);
+      }
+    }
+  }
+
+  // --- Softmax pieces ------------------------------------------------------------------------------
+  // One online-softmax step on S^T [cols][ld] (log2 units), rows in lanes; see ScalarMicro::softmax_t.
+  static void softmax_t(float* st, int64_t ld, int64_t rows, int64_t cols, const Mask* mask, float* m, float* l,
+                        float* alpha) {
+    const R neg_inf = V::set1(-kInf);
+    for (int64_t r0 = 0; r0 < rows; r0 += L) {
+      // Two running maxima and sums: the dependency chains are 4 cycles long.
+      R mx0 = V::loadu(m + r0), mx1 = mx0;
+      int64_t c = 0;
+      if (mask) {
+        for (; c < cols; ++c) {
+          // lane i is row r0 + i: visible iff lo <= c - r0 - i <= hi
+          const K vis = V::in_band(static_cast<int32_t>(c - r0), -1, mask->lo, mask->hi);
+          const R x = V::select(vis, V::loadu(st + c * ld + r0), neg_inf);
+          V::storeu(st + c * ld + r0, x);
+          mx0 = V::max(mx0, x);
+        }
+      } else {
+        for (; c + 1 < cols; c += 2) {
+          mx0 = V::max(mx0, V::loadu(st + c * ld + r0));
+          mx1 = V::max(mx1, V::loadu(st + (c + 1) * ld + r0));
+        }
+        if (c < cols) mx0 = V::max(mx0, V::loadu(st + c * ld + r0));
+      }
+      const R mx = V::max(mx0, mx1);
+      const R ref = V::select(V::equal(mx, neg_inf), V::zero(), mx); // a row with no key yet: P = 0
+      const R a = V::exp2(V::sub(V::loadu(m + r0), ref));
+      R s0 = V::zero(), s1 = V::zero();
+      for (c = 0; c + 1 < cols; c += 2) {
+        const R p0 = V::exp2(V::sub(V::loadu(st + c * ld + r0), ref));
+        const R p1 = V::exp2(V::sub(V::loadu(st + (c + 1) * ld + r0), ref));
+        V::storeu(st + c * ld + r0, p0);
+        V::storeu(st + (c + 1) * ld + r0, p1);
+        s0 = V::add(s0, p0);
+        s1 = V::add(s1, p1);
+      }
+      if (c < cols) {
+        const R p0 = V::exp2(V::sub(V::loadu(st + c * ld + r0), ref));
+        V::storeu(st + c * ld + r0, p0);
+        s0 = V::add(s0, p0);
+      }
+      V::storeu(alpha + r0, a);
+      V::storeu(l + r0, V::fma(V::loadu(l + r0), a, V::add(s0, s1)));
+      V::storeu(m + r0, mx);
+    }
+  }
+
+  // S [rows][ld] -> P = exp2(S * mul - lse2[r]), 0 where masked.
+  static void probs(float* s, int64_t ld, int64_t rows, int64_t cols, float mul, const float* lse2, const Mask* mask) {
+    const R vmul = V::set1(mul);
+    for (int64_t r = 0; r < rows; ++r) {
+      const R sub = V::set1(lse2[r]);
+      float* row = s + r * ld;
+      for (int64_t c0 = 0; c0 < cols; c0 += L) {
+        const K in = V::first_lanes(static_cast<int>(min64(L, cols - c0)));
+        R p = V::exp2(V::fms(V::load_masked(row + c0, in), vmul, sub));
+        if (mask) p = V::select(V::in_band(static_cast<int32_t>(c0 - r), 1, mask->lo, mask->hi), p, V::zero());
+        V::store_masked(row + c0, in, p);
+      }
+    }
+  }
+
+  // dP [rows][ld] -> dS = P (dP - delta[r]) * scale.
+  static void dscores(const float* p, float* dp, int64_t ld, int64_t rows, int64_t cols, const float* delta,
+                      float scale) {
+    const R vs = V::set1(scale);
+    for (int64_t r = 0; r < rows; ++r) {
+      const R dl = V::set1(delta[r]);
+      for (int64_t c0 = 0; c0 < cols; c0 += L) {
+        const K in = V::first_lanes(static_cast<int>(min64(L, cols - c0)));
+        const R x = V::load_masked(dp + r * ld + c0, in), pr = V::load_masked(p + r * ld + c0, in);
+        V::store_masked(dp + r * ld + c0, in, V::mul(V::mul(pr, V::sub(x, dl)), vs));
+      }
+    }
+  }
+
+  static float dot(const float* a, const float* b, int64_t n) {
+    R s = V::zero();
+    for (int64_t x = 0; x < n; x += L) {
+      const K in = V::first_lanes(static_cast<int>(min64(L, n - x)));
+      s = V::fma(V::load_masked(a + x, in), V::load_masked(b + x, in), s);
+    }
+    return V::reduce_add(s);
+  }
+};
+
+} // namespace
+} // namespace flashback::cpu
