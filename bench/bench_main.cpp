@@ -1,0 +1,168 @@
+// The benchmark suite: the FMA ceiling, flashback's forward and backward, and the materialized BLAS
+// baseline, in one run. bench/report.py runs it and prints GFLOP/s, the fraction of the ceiling and
+// the ratios (see BENCHMARKS.md). Each benchmark reports `flop` (FlashAttention's convention: forward
+// 4 B Hq Sq Sk D, halved when causal; backward 2.5x that) per iteration; rates come from real time.
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "blas_baseline.h"
+#include "ceiling.h"
+#include "flashback/flashback.hpp"
+
+namespace {
+
+struct Case {
+  const char* name;
+  int64_t batch, heads, seqlen, head_dim;
+  bool causal;
+  bool with_blas; // also run the BLAS baseline on this shape
+};
+
+// Issue 3's shapes: the targets (B=1, Hq=Hk=16, S=4096), causal, the scaling step to 8192, and a
+// small-problem shape.
+const Case kCases[] = {
+    {"B1_H16_S4096_D128", 1, 16, 4096, 128, false, true},
+    {"B1_H16_S4096_D64", 1, 16, 4096, 64, false, true},
+    {"B1_H16_S4096_D128_causal", 1, 16, 4096, 128, true, false},
+    {"B1_H16_S4096_D64_causal", 1, 16, 4096, 64, true, false},
+    {"B1_H16_S8192_D128", 1, 16, 8192, 128, false, false},
+    {"B1_H16_S8192_D64", 1, 16, 8192, 64, false, false},
+    {"B8_H16_S512_D128", 8, 16, 512, 128, false, true},
+    {"B8_H16_S512_D64", 8, 16, 512, 64, false, true},
+};
+
+int threads() {
+  const char* env = std::getenv("FLASHBACK_NUM_THREADS");
+  return env && std::atoi(env) > 0 ? std::atoi(env) : omp_get_max_threads();
+}
+
+double forward_flop(const Case& c) {
+  return 4.0 * c.batch * c.heads * c.seqlen * c.seqlen * c.head_dim * (c.causal ? 0.5 : 1.0);
+}
+
+// Random contiguous BHSD inputs and outputs of one case, with the forward already run (backward needs
+// o and lse).
+struct Tensors {
+  int64_t n, rows;
+  std::vector<float> q, k, v, o, lse, dout, dq, dk, dv;
+  explicit Tensors(const Case& c)
+      : n(c.batch * c.heads * c.seqlen * c.head_dim), rows(c.batch * c.heads * c.seqlen), q(n), k(n), v(n), o(n),
+        lse(rows), dout(n), dq(n), dk(n), dv(n) {
+    std::mt19937 rng(42);
+    std::normal_distribution<float> dist;
+    for (auto* t : {&q, &k, &v, &dout})
+      for (float& x : *t) x = dist(rng);
+  }
+};
+
+flashback::TensorView view(const Case& c, std::vector<float>& t) {
+  return flashback::TensorView::bhsd(t.data(), flashback::DType::f32, c.batch, c.heads, c.seqlen, c.head_dim);
+}
+
+void set_counters(benchmark::State& state, double flop) {
+  state.counters["flop"] = flop;
+  state.counters["threads"] = threads();
+}
+
+void flashback_forward(benchmark::State& state, const Case& c) {
+  Tensors t(c);
+  flashback::Params p;
+  p.causal = c.causal;
+  p.num_threads = threads();
+  auto run = [&] {
+    flashback::forward(view(c, t.q), view(c, t.k), view(c, t.v), view(c, t.o),
+                       flashback::TensorView::rows(t.lse.data(), c.batch, c.heads, c.seqlen), p);
+  };
+  run(); // warm-up
+  for (auto _ : state) run();
+  set_counters(state, forward_flop(c));
+}
+
+void flashback_backward(benchmark::State& state, const Case& c) {
+  Tensors t(c);
+  flashback::Params p;
+  p.causal = c.causal;
+  p.num_threads = threads();
+  const auto lse = flashback::TensorView::rows(t.lse.data(), c.batch, c.heads, c.seqlen);
+  flashback::forward(view(c, t.q), view(c, t.k), view(c, t.v), view(c, t.o), lse, p);
+  flashback::Gradients g;
+  g.dq = view(c, t.dq);
+  g.dk = view(c, t.dk);
+  g.dv = view(c, t.dv);
+  auto run = [&] { flashback::backward(view(c, t.dout), view(c, t.q), view(c, t.k), view(c, t.v), view(c, t.o), lse, g, p); };
+  run(); // warm-up
+  for (auto _ : state) run();
+  set_counters(state, 2.5 * forward_flop(c));
+}
+
+BlasShape blas_shape(const Case& c) { return {c.batch, c.heads, c.seqlen, c.seqlen, c.head_dim, c.causal}; }
+
+void blas_forward(benchmark::State& state, const Case& c) {
+  Tensors t(c);
+  blas_set_threads(threads());
+  omp_set_num_threads(threads());
+  BlasAttention blas(blas_shape(c));
+  blas.forward(t.q.data(), t.k.data(), t.v.data(), t.o.data(), t.lse.data()); // warm-up
+  for (auto _ : state) blas.forward(t.q.data(), t.k.data(), t.v.data(), t.o.data(), t.lse.data());
+  set_counters(state, forward_flop(c));
+}
+
+void blas_backward(benchmark::State& state, const Case& c) {
+  Tensors t(c);
+  blas_set_threads(threads());
+  omp_set_num_threads(threads());
+  BlasAttention blas(blas_shape(c));
+  blas.forward(t.q.data(), t.k.data(), t.v.data(), t.o.data(), t.lse.data());
+  auto run = [&] {
+    blas.backward(t.dout.data(), t.q.data(), t.k.data(), t.v.data(), t.o.data(), t.lse.data(), t.dq.data(),
+                  t.dk.data(), t.dv.data());
+  };
+  run(); // warm-up
+  for (auto _ : state) run();
+  set_counters(state, 2.5 * forward_flop(c));
+}
+
+// One iteration: the probe runs for about a second and reports its FLOP/s.
+void fma_ceiling(benchmark::State& state) {
+  double flops = 0;
+  for (auto _ : state) flops = fma_ceiling_flops(threads(), 1.0);
+  state.counters["ceiling_flops"] = flops;
+  state.counters["threads"] = threads();
+  state.SetLabel(fma_ceiling_isa());
+}
+
+double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+
+void configure(benchmark::internal::Benchmark* b) {
+  const char* env = std::getenv("FLASHBACK_BENCH_REPS");
+  const int reps = env && std::atoi(env) > 0 ? std::atoi(env) : 5;
+  b->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(1)->Repetitions(reps);
+  b->ComputeStatistics("min", min_of)->ComputeStatistics("max", max_of);
+}
+
+int register_all() {
+  configure(benchmark::RegisterBenchmark("ceiling/fma_f32", fma_ceiling));
+  for (const Case& c : kCases) {
+    configure(benchmark::RegisterBenchmark((std::string("flashback/forward/") + c.name).c_str(), flashback_forward, c));
+    configure(benchmark::RegisterBenchmark((std::string("flashback/backward/") + c.name).c_str(), flashback_backward, c));
+    if (!c.with_blas) continue;
+    configure(benchmark::RegisterBenchmark((std::string("blas/forward/") + c.name).c_str(), blas_forward, c));
+    configure(benchmark::RegisterBenchmark((std::string("blas/backward/") + c.name).c_str(), blas_backward, c));
+  }
+  // The ceiling once more at the end: the report uses the higher of the two.
+  configure(benchmark::RegisterBenchmark("ceiling/fma_f32_end", fma_ceiling));
+  return 0;
+}
+
+const int registered = register_all();
+
+} // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,28 @@
+#include "ceiling.h"
+
+#include <algorithm>
+
+double fma_probe_avx512(int threads, long iters);
+double fma_probe_avx2(int threads, long iters);
+
+const char* fma_ceiling_isa() {
+  if (__builtin_cpu_supports("avx512f")) return "avx512";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "avx2";
+  return "none";
+}
+
+double fma_ceiling_flops(int threads, double seconds) {
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  auto probe = avx512 ? &fma_probe_avx512
+               : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &fma_probe_avx2
+                                                                                 : nullptr;
+  if (!probe) return 0;
+  const double flops_per_iter = 2.0 * (avx512 ? 16 : 8) * 12 * threads;
+  // Calibrate to about `seconds`, then keep the best of three (the machine is shared and noisy).
+  long iters = 1 << 20;
+  const double rate = probe(threads, iters);
+  iters = std::max<long>(iters, static_cast<long>(seconds / 3 * rate / flops_per_iter));
+  double best = 0;
+  for (int i = 0; i < 3; ++i) best = std::max(best, probe(threads, iters));
+  return best;
+}

@@ -1,0 +1,8 @@
+// The machine's f32 FMA ceiling: a register-only probe (no memory traffic), measured in the same run
+// as the benchmarks it is compared with.
+#pragma once
+
+// FLOP/s of `threads` threads each running independent FMA chains for about `seconds`; uses the widest
+// vector FMA this machine has (AVX-512, else AVX2 + FMA). Returns 0 without either.
+double fma_ceiling_flops(int threads, double seconds);
+const char* fma_ceiling_isa();
