@@ -155,7 +155,7 @@ const char* fb_status_name(fb_status status) {
 const char* fb_version(void) { return "0.1.0"; }
 
 const char* fb_cpu_isa(void) {
-  return flashback::cpu::isa_name(flashback::cpu::kernels_for(flashback::cpu::active_isa()).isa);
+  return flashback::cpu::isa_name(flashback::cpu::kernels_for(flashback::cpu::active_isa(), flashback::core::DType::f32).isa);
 }
 
 } // extern "C"

@@ -302,10 +302,6 @@ void expect_dtype(const Checked& c, DType expected, const char* source) {
     invalid(c.name, ".dtype: expected ", dtype_name(expected), " (", source, "), got ", dtype_name(c.dtype));
 }
 
-void check_supported_dtype(DType t) {
-  if (t != DType::f32) unsupported("q.dtype: ", dtype_name(t), " is not supported yet; expected f32");
-}
-
 // The checks forward and backward share: q, k, v, o, lse, their shapes and the params.
 struct Common {
   Checked q, k, v, o, lse;
@@ -344,7 +340,6 @@ Common check_common(Problem& p, const fb_tensor* q, const fb_tensor* k, const fb
   expect_dim(c.lse, 1, p.heads_q, "q.shape[1]");
   expect_dim(c.lse, 2, p.seqlen_q, "q.shape[2]");
   check_sizes(p);
-  check_supported_dtype(p.dtype);
   read_params(params, p);
   p.band = make_band(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
   p.q = strided4(q);

@@ -23,7 +23,7 @@ char* align_ptr(void* p) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-const KernelSet& active_kernels() { return kernels_for(active_isa()); }
+const KernelSet& active_kernels(const core::Problem& p) { return kernels_for(active_isa(), p.dtype); }
 
 int64_t forward_items(const core::Problem& p, Tiles t) {
   return p.batch * p.heads_q * ceil_div(p.seqlen_q, t.bm);
@@ -47,7 +47,7 @@ struct BackwardLayout {
 };
 
 BackwardLayout backward_layout(const core::Problem& p) {
-  const KernelSet& ks = active_kernels();
+  const KernelSet& ks = active_kernels(p);
   BackwardLayout l;
   l.tiles = ks.tiles(p, true);
   l.threads = threads_for(p, backward_items(p, l.tiles));
@@ -63,15 +63,15 @@ BackwardLayout backward_layout(const core::Problem& p) {
 
 } // namespace
 
-const KernelSet& kernels_for(Isa isa) {
+const KernelSet& kernels_for(Isa isa, core::DType dtype) {
 #if defined(FLASHBACK_HAVE_AVX512_KERNELS)
-  if (isa >= Isa::avx512) return kernels_avx512();
+  if (isa >= Isa::avx512) return kernels_avx512(dtype);
 #endif
 #if defined(FLASHBACK_HAVE_AVX2_KERNELS)
-  if (isa >= Isa::avx2) return kernels_avx2();
+  if (isa >= Isa::avx2) return kernels_avx2(dtype);
 #endif
   (void)isa;
-  return kernels_scalar();
+  return kernels_scalar(dtype);
 }
 
 int resolve_threads(const core::Problem& p) {
@@ -85,13 +85,13 @@ int resolve_threads(const core::Problem& p) {
 }
 
 size_t forward_workspace_bytes(const core::Problem& p) {
-  const KernelSet& ks = active_kernels();
+  const KernelSet& ks = active_kernels(p);
   const Tiles t = ks.tiles(p, false);
   return kAlign + threads_for(p, forward_items(p, t)) * align_up(ks.forward_scratch_bytes(p, t));
 }
 
 void forward(const core::Problem& p, void* workspace) {
-  const KernelSet& ks = active_kernels();
+  const KernelSet& ks = active_kernels(p);
   ForwardJob job;
   job.p = &p;
   job.tiles = ks.tiles(p, false);
@@ -113,7 +113,7 @@ void forward(const core::Problem& p, void* workspace) {
 size_t backward_workspace_bytes(const core::Problem& p) { return backward_layout(p).total(); }
 
 void backward(const core::Problem& p, void* workspace) {
-  const KernelSet& ks = active_kernels();
+  const KernelSet& ks = active_kernels(p);
   const BackwardLayout l = backward_layout(p);
   BackwardJob job;
   job.p = &p;

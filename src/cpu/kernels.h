@@ -50,11 +50,12 @@ struct KernelSet {
   void (*backward_store_dq)(const BackwardJob& job, int64_t begin, int64_t end);
 };
 
-const KernelSet& kernels_scalar();
-const KernelSet& kernels_avx2();
-const KernelSet& kernels_avx512();
+// Each ISA's kernel set for a storage type (f32, bf16 or f16).
+const KernelSet& kernels_scalar(core::DType dtype);
+const KernelSet& kernels_avx2(core::DType dtype);
+const KernelSet& kernels_avx512(core::DType dtype);
 
 // The kernel set for an instruction set this build has (falls back to the best one at or below it).
-const KernelSet& kernels_for(Isa isa);
+const KernelSet& kernels_for(Isa isa, core::DType dtype);
 
 } // namespace flashback::cpu

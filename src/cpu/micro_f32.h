@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cpu/attention.h"
+#include "cpu/half.h"
 
 namespace flashback::cpu {
 namespace {
@@ -114,20 +115,29 @@ struct MicroF32 {
   // --- Packing -------------------------------------------------------------------------------------
   // dst[c][r] = src[r][c] * mul for r < rows, c < cols; zero for rows <= r < rows_pad (a multiple of L).
   // L x L blocks transposed in registers.
-  static void pack_t(const float* src, int64_t lds, int64_t rows, int64_t cols, float mul, float* dst, int64_t ldd,
+  template <class T>
+  static void pack_t(const T* src, int64_t lds, int64_t rows, int64_t cols, float mul, float* dst, int64_t ldd,
                      int64_t rows_pad) {
     const R scale = V::set1(mul);
     for (int64_t r0 = 0; r0 < rows_pad; r0 += L) {
       for (int64_t c0 = 0; c0 < cols; c0 += L) {
-        const int64_t nc = min64(L, cols - c0);
-        const K cmask = V::first_lanes(static_cast<int>(nc));
+        const int nc = static_cast<int>(min64(L, cols - c0));
         R block[L];
         for (int i = 0; i < L; ++i)
-          block[i] = r0 + i < rows ? V::mul(V::load_masked(src + (r0 + i) * lds + c0, cmask), scale) : V::zero();
+          block[i] = r0 + i < rows ? V::mul(V::load(src + (r0 + i) * lds + c0, nc), scale) : V::zero();
         V::transpose(block);
         for (int j = 0; j < nc; ++j) V::storeu(dst + (c0 + j) * ldd + r0, block[j]);
       }
     }
+  }
+
+  // dst[r][c] = src[r][c] in f32 for r < rows, c < cols; dst rows are padded with zeros to a multiple
+  // of L (ldd is).
+  template <class T>
+  static void load_rows(const T* src, int64_t lds, int64_t rows, int64_t cols, float* dst, int64_t ldd) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c0 = 0; c0 < cols; c0 += L)
+        V::storeu(dst + r * ldd + c0, V::load(src + r * lds + c0, static_cast<int>(min64(L, cols - c0))));
   }
 
   // --- Softmax pieces ------------------------------------------------------------------------------
@@ -206,11 +216,12 @@ struct MicroF32 {
     }
   }
 
-  static float dot(const float* a, const float* b, int64_t n) {
+  template <class T>
+  static float dot(const T* a, const T* b, int64_t n) {
     R s = V::zero();
     for (int64_t x = 0; x < n; x += L) {
-      const K in = V::first_lanes(static_cast<int>(min64(L, n - x)));
-      s = V::fma(V::load_masked(a + x, in), V::load_masked(b + x, in), s);
+      const int in = static_cast<int>(min64(L, n - x));
+      s = V::fma(V::load(a + x, in), V::load(b + x, in), s);
     }
     return V::reduce_add(s);
   }

@@ -2,6 +2,8 @@
 // Compiled with -mavx2 -mfma -mf16c only; chosen at run time (cpu/isa.cpp).
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "cpu/micro_f32.h"
 #include "cpu/tiles.h"
 
@@ -27,6 +29,20 @@ struct V256 {
   // Masked-off lanes are neither read nor faulted on.
   static reg load_masked(const float* p, mask m) { return _mm256_maskload_ps(p, m); }
   static void store_masked(float* p, mask m, reg x) { _mm256_maskstore_ps(p, m, x); }
+  // The first n (<= 8) elements at p in f32, the other lanes 0; nothing past them is read.
+  static reg load(const float* p, int n) { return _mm256_maskload_ps(p, first_lanes(n)); }
+  static reg load(const bf16* p, int n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load8x16(p, n)), 16));
+  }
+  static reg load(const f16* p, int n) { return _mm256_cvtph_ps(load8x16(p, n)); }
+  // Eight 16-bit elements; a partial vector goes through a zeroed copy (AVX2 has no 16-bit masks).
+  template <class T>
+  static __m128i load8x16(const T* p, int n) {
+    if (n >= 8) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    uint16_t tmp[8] = {};
+    std::memcpy(tmp, p, static_cast<size_t>(n) * sizeof(T));
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(tmp));
+  }
   static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
   static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
   static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
@@ -99,6 +115,6 @@ struct Avx2Micro : MicroF32<V256> {
 
 } // namespace
 
-const KernelSet& kernels_avx2() { return make_kernel_set<Avx2Micro>(); }
+const KernelSet& kernels_avx2(core::DType dtype) { return make_kernel_set<Avx2Micro>(dtype); }
 
 } // namespace flashback::cpu

@@ -25,6 +25,13 @@ struct V512 {
   // Masked-off lanes are neither read nor faulted on.
   static reg load_masked(const float* p, mask m) { return _mm512_maskz_loadu_ps(m, p); }
   static void store_masked(float* p, mask m, reg x) { _mm512_mask_storeu_ps(p, m, x); }
+  // The first n (<= 16) elements at p in f32, the other lanes 0; nothing past them is read.
+  static reg load(const float* p, int n) { return _mm512_maskz_loadu_ps(first_lanes(n), p); }
+  static reg load(const bf16* p, int n) {
+    const __m256i h = _mm256_maskz_loadu_epi16(first_lanes(n), p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static reg load(const f16* p, int n) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first_lanes(n), p)); }
   static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
   static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
   static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
@@ -98,6 +105,6 @@ struct Avx512Micro : MicroF32<V512> {
 
 } // namespace
 
-const KernelSet& kernels_avx512() { return make_kernel_set<Avx512Micro>(); }
+const KernelSet& kernels_avx512(core::DType dtype) { return make_kernel_set<Avx512Micro>(dtype); }
 
 } // namespace flashback::cpu

@@ -36,12 +36,20 @@ struct ScalarMicro {
   }
 
   // dst[c][r] = src[r][c] * mul for r < rows, c < cols; zero for rows <= r < rows_pad.
-  static void pack_t(const float* src, int64_t lds, int64_t rows, int64_t cols, float mul, float* dst, int64_t ldd,
+  template <class T>
+  static void pack_t(const T* src, int64_t lds, int64_t rows, int64_t cols, float mul, float* dst, int64_t ldd,
                      int64_t rows_pad) {
     for (int64_t c = 0; c < cols; ++c) {
-      for (int64_t r = 0; r < rows; ++r) dst[c * ldd + r] = src[r * lds + c] * mul;
+      for (int64_t r = 0; r < rows; ++r) dst[c * ldd + r] = to_float(src[r * lds + c]) * mul;
       for (int64_t r = rows; r < rows_pad; ++r) dst[c * ldd + r] = 0.0f;
     }
+  }
+
+  // dst[r][c] = src[r][c] in f32, for r < rows, c < cols.
+  template <class T>
+  static void load_rows(const T* src, int64_t lds, int64_t rows, int64_t cols, float* dst, int64_t ldd) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) dst[r * ldd + c] = to_float(src[r * lds + c]);
   }
 
   static bool visible(const Mask* mask, int64_t r, int64_t c) {
@@ -59,7 +67,7 @@ struct ScalarMicro {
       for (int64_t c = 0; c < cols; ++c) {
         float& x = st[c * ld + r];
         if (!visible(mask, r, c)) x = kNegInf;
-        mx = std::max(mx, x);
+        mx = (x > mx ? x : mx);
       }
       const float ref = mx == kNegInf ? 0.0f : mx;
       alpha[r] = std::exp2(m[r] - ref);
@@ -94,15 +102,16 @@ struct ScalarMicro {
       }
   }
 
-  static float dot(const float* a, const float* b, int64_t n) {
+  template <class T>
+  static float dot(const T* a, const T* b, int64_t n) {
     float s = 0.0f;
-    for (int64_t x = 0; x < n; ++x) s += a[x] * b[x];
+    for (int64_t x = 0; x < n; ++x) s += to_float(a[x]) * to_float(b[x]);
     return s;
   }
 };
 
 } // namespace
 
-const KernelSet& kernels_scalar() { return make_kernel_set<ScalarMicro>(); }
+const KernelSet& kernels_scalar(core::DType dtype) { return make_kernel_set<ScalarMicro>(dtype); }
 
 } // namespace flashback::cpu
