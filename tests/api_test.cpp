@@ -1,0 +1,254 @@
+// The API's promises beyond correctness: a caller's workspace (any alignment) gives the same bits as
+// the library's own; any thread count and any repetition give the same bits; the C++ API is the C
+// API; the small informational functions answer. Runs once per instruction set, like the sweep.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu/isa.h"
+#include "flashback/flashback.hpp"
+#include "test_util.h"
+
+namespace {
+
+using fbtest::Case;
+using fbtest::Outputs;
+using fbtest::WorkspaceMode;
+
+class Api : public ::testing::Test {
+ protected:
+  void SetUp() override { FBTEST_SKIP_UNLESS_REQUESTED_ISA(); }
+};
+
+// B * Hq = 1 with many blocks: the threads split one head's blocks (and share its dQ).
+Case long_sequence(bool causal) {
+  Case c;
+  const int64_t bm = std::max(fbtest::tiles_for(64, 64, false).bm, fbtest::tiles_for(64, 64, true).bm);
+  c.shape = {1, 1, 1, 8 * bm + 3, 8 * bm + 5, 64, 64};
+  c.opt.causal = causal;
+  return c;
+}
+
+// Many heads, grouped, with a window: the threads split heads and kv heads.
+Case many_heads() {
+  Case c;
+  const flashback::cpu::Tiles t = fbtest::tiles_for(32, 48, true);
+  c.shape = {2, 8, 2, t.bm + 9, 2 * t.bn + 1, 32, 48};
+  c.opt.window_left = 20;
+  c.opt.window_right = 3;
+  return c;
+}
+
+// Sq = 0 next to Sk = 0: the workspace of a problem with nothing to do.
+Case empty_sequences(int64_t sq, int64_t sk) {
+  Case c;
+  c.shape = {2, 2, 1, sq, sk, 16, 8};
+  c.opt.causal = true;
+  return c;
+}
+
+// Forward then backward of `c` on fixed inputs.
+Outputs run(const Case& c, const fbtest::Inputs& in, WorkspaceMode ws = WorkspaceMode::library) {
+  Outputs out = fbtest::make_outputs(c);
+  EXPECT_EQ(fbtest::run_forward(c, in, out, ws), FB_SUCCESS) << fb_last_error();
+  EXPECT_EQ(fbtest::run_backward(c, in, out, ws), FB_SUCCESS) << fb_last_error();
+  return out;
+}
+
+void expect_same_bits(const Outputs& a, const Outputs& b) {
+  EXPECT_TRUE(fbtest::same_bits("o", a.o, b.o));
+  EXPECT_TRUE(fbtest::same_bits("lse", a.lse, b.lse));
+  EXPECT_TRUE(fbtest::same_bits("dq", a.dq, b.dq));
+  EXPECT_TRUE(fbtest::same_bits("dk", a.dk, b.dk));
+  EXPECT_TRUE(fbtest::same_bits("dv", a.dv, b.dv));
+  EXPECT_TRUE(fbtest::same_bits("delta", a.delta, b.delta));
+}
+
+fbtest::Inputs inputs_for(const Case& c) {
+  std::mt19937_64 rng = fbtest::rng_for(c.describe());
+  return fbtest::make_inputs(c, rng);
+}
+
+TEST_F(Api, CallerWorkspaceGivesTheSameBits) {
+  for (const Case& c : {long_sequence(true), many_heads(), empty_sequences(0, 9), empty_sequences(9, 0)}) {
+    SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
+    const fbtest::Inputs in = inputs_for(c);
+    const Outputs library = run(c, in);
+    for (WorkspaceMode ws : {WorkspaceMode::exact, WorkspaceMode::misaligned}) {
+      SCOPED_TRACE(ws == WorkspaceMode::exact ? "exact size, aligned" : "exact size, misaligned");
+      expect_same_bits(library, run(c, in, ws));
+    }
+  }
+}
+
+TEST_F(Api, ThreadCountsGiveTheSameBits) {
+  for (Case c : {long_sequence(true), long_sequence(false), many_heads()}) {
+    SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
+    const fbtest::Inputs in = inputs_for(c);
+    c.threads = 1;
+    const Outputs one = run(c, in);
+    for (int threads : {2, 3, 4, 8}) { // 3, 4 and 8 threads on fewer cores: the dQ turns must still pass
+      SCOPED_TRACE("threads=" + std::to_string(threads));
+      c.threads = threads;
+      expect_same_bits(one, run(c, in));
+    }
+  }
+}
+
+TEST_F(Api, RepeatedRunsGiveTheSameBits) {
+  const Case c = many_heads();
+  SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
+  const fbtest::Inputs in = inputs_for(c);
+  const Outputs first = run(c, in);
+  for (int i = 0; i < 3; ++i) expect_same_bits(first, run(c, in));
+}
+
+// Calls from several application threads at once (each with its own OpenMP team) do not interfere.
+TEST_F(Api, ConcurrentCallsGiveTheSameBits) {
+  const Case cases[] = {many_heads(), long_sequence(true)};
+  std::vector<fbtest::Inputs> inputs;
+  std::vector<Outputs> alone;
+  for (const Case& c : cases) {
+    inputs.push_back(inputs_for(c));
+    alone.push_back(run(c, inputs.back()));
+  }
+  std::vector<Outputs> together(2 * std::size(cases));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < together.size(); ++i)
+    threads.emplace_back([&, i] { together[i] = run(cases[i % 2], inputs[i % 2]); });
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < together.size(); ++i) {
+    SCOPED_TRACE(cases[i % 2].describe() + "; " + fbtest::seed_note());
+    expect_same_bits(alone[i % 2], together[i]);
+  }
+}
+
+TEST_F(Api, CppApiGivesTheSameBitsAsTheCApi) {
+  const Case c = many_heads();
+  SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
+  const fbtest::Inputs in = inputs_for(c);
+  const Outputs expected = run(c, in);
+
+  using flashback::TensorView;
+  const Outputs got = fbtest::make_outputs(c);
+  flashback::Params params;
+  params.window_left = c.opt.window_left;
+  params.window_right = c.opt.window_right;
+  const TensorView q(in.q.raw()), k(in.k.raw()), v(in.v.raw()), dout(in.dout.raw()), o(got.o.raw()),
+      lse(got.lse.raw());
+  std::vector<char> ws(flashback::forward_workspace_size(q, k, v, o, lse, params));
+  flashback::forward(q, k, v, o, lse, params, {ws.data(), ws.size()});
+  flashback::Gradients grads;
+  grads.dq = TensorView(got.dq.raw());
+  grads.dk = TensorView(got.dk.raw());
+  grads.dv = TensorView(got.dv.raw());
+  grads.delta = TensorView(got.delta.raw());
+  flashback::backward(dout, q, k, v, o, lse, grads, params);
+  expect_same_bits(expected, got);
+}
+
+TEST_F(Api, ExplicitDefaultScaleGivesTheSameBits) {
+  Case c = many_heads();
+  SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
+  const fbtest::Inputs in = inputs_for(c);
+  const Outputs implicit = run(c, in);
+  c.opt.scale = 1.0 / std::sqrt(static_cast<double>(c.shape.head_dim));
+  expect_same_bits(implicit, run(c, in));
+}
+
+// num_threads = 0 means FLASHBACK_NUM_THREADS, else OpenMP's default; the forward's workspace (one
+// scratch per thread) shows which count a call plans for. ctest also runs this with the variable set.
+TEST_F(Api, DefaultThreadCount) {
+  const char* env = std::getenv("FLASHBACK_NUM_THREADS");
+  const int expected = env && *env ? std::atoi(env) : omp_get_max_threads();
+  Case c = many_heads(); // more work items than threads
+  const fbtest::Inputs in = inputs_for(c);
+  auto forward_bytes = [&](int threads) {
+    c.threads = threads;
+    const fb_params p = c.params();
+    const Outputs out = fbtest::make_outputs(c);
+    const fb_tensor q = in.q.raw(), k = in.k.raw(), v = in.v.raw(), o = out.o.raw(), lse = out.lse.raw();
+    size_t bytes = 0;
+    EXPECT_EQ(fb_forward_workspace_size(&q, &k, &v, &o, &lse, &p, &bytes), FB_SUCCESS) << fb_last_error();
+    return bytes;
+  };
+  EXPECT_EQ(forward_bytes(0), forward_bytes(expected)) << "expected " << expected << " threads by default";
+  EXPECT_NE(forward_bytes(expected), forward_bytes(expected + 1)) << "the workspace does not depend on the threads";
+}
+
+TEST(Info, VersionAndIsa) {
+  const std::string version = fb_version();
+  EXPECT_EQ(version, std::to_string(FLASHBACK_VERSION_MAJOR) + "." + std::to_string(FLASHBACK_VERSION_MINOR) + "." +
+                         std::to_string(FLASHBACK_VERSION_PATCH));
+  EXPECT_EQ(flashback::version(), version);
+  const std::string isa = fb_cpu_isa();
+  flashback::cpu::Isa parsed;
+  EXPECT_TRUE(flashback::cpu::parse_isa(isa.c_str(), &parsed)) << isa;
+  EXPECT_EQ(flashback::cpu_isa(), isa);
+  EXPECT_LE(parsed, flashback::cpu::machine_isa()) << "runs an instruction set the machine lacks";
+}
+
+TEST(Info, StatusNames) {
+  EXPECT_STREQ(fb_status_name(FB_SUCCESS), "FB_SUCCESS");
+  EXPECT_STREQ(fb_status_name(FB_ERROR_INVALID_ARGUMENT), "FB_ERROR_INVALID_ARGUMENT");
+  EXPECT_STREQ(fb_status_name(FB_ERROR_UNSUPPORTED), "FB_ERROR_UNSUPPORTED");
+  EXPECT_STREQ(fb_status_name(FB_ERROR_OUT_OF_MEMORY), "FB_ERROR_OUT_OF_MEMORY");
+  EXPECT_STREQ(fb_status_name(FB_ERROR_INTERNAL), "FB_ERROR_INTERNAL");
+  EXPECT_STRNE(fb_status_name(static_cast<fb_status>(99)), "");
+}
+
+TEST(Info, ParamsInitDefaults) {
+  fb_params p;
+  std::memset(&p, 0xFF, sizeof p);
+  fb_params_init(&p);
+  EXPECT_EQ(p.struct_size, sizeof(fb_params));
+  EXPECT_EQ(p.causal, 0);
+  EXPECT_EQ(p.window_left, -1);
+  EXPECT_EQ(p.window_right, -1);
+  EXPECT_EQ(p.has_scale, 0);
+  EXPECT_EQ(p.num_threads, 0);
+  EXPECT_EQ(p.softcap, 0.0f);
+  EXPECT_EQ(p.dropout_p, 0.0f);
+  EXPECT_EQ(p.dropout_seed, 0u);
+  EXPECT_EQ(p.alibi_slopes, nullptr);
+  EXPECT_EQ(p.bias, nullptr);
+  EXPECT_EQ(p.bias_grad, nullptr);
+  EXPECT_EQ(p.cu_seqlens_q, nullptr);
+  EXPECT_EQ(p.cu_seqlens_k, nullptr);
+  fb_params_init(nullptr); // documented as harmless
+}
+
+TEST(Info, TensorHelpers) {
+  float x = 0;
+  const fb_tensor t4 = fb_tensor_contiguous4(&x, FB_F32, 2, 3, 5, 7);
+  EXPECT_EQ(t4.rank, 4);
+  EXPECT_EQ(t4.device, FB_DEVICE_CPU);
+  EXPECT_EQ(t4.device_index, 0);
+  const int64_t shape4[] = {2, 3, 5, 7}, stride4[] = {105, 35, 7, 1};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(t4.shape[i], shape4[i]);
+    EXPECT_EQ(t4.stride[i], stride4[i]);
+  }
+  const fb_tensor t3 = fb_tensor_contiguous3(&x, FB_F32, 2, 3, 5);
+  EXPECT_EQ(t3.rank, 3);
+  EXPECT_EQ(t3.stride[0], 15);
+  EXPECT_EQ(t3.stride[1], 5);
+  EXPECT_EQ(t3.stride[2], 1);
+  // [B, S, H, D] viewed as [B, H, S, D]
+  const flashback::TensorView bshd = flashback::TensorView::bshd(&x, flashback::DType::f32, 2, 5, 3, 7);
+  const int64_t bshd_shape[] = {2, 3, 5, 7}, bshd_stride[] = {105, 7, 21, 1};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(bshd.t.shape[i], bshd_shape[i]);
+    EXPECT_EQ(bshd.t.stride[i], bshd_stride[i]);
+  }
+}
+
+} // namespace

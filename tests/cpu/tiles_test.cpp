@@ -1,0 +1,65 @@
+// choose_tiles: what the kernels and the test sweeps rely on.
+#include <gtest/gtest.h>
+
+#include "core/problem.h"
+#include "cpu/isa.h"
+#include "cpu/kernels.h"
+#include "cpu/tiles.h"
+
+namespace {
+
+using flashback::cpu::choose_tiles;
+using flashback::cpu::Isa;
+using flashback::cpu::Tiles;
+
+constexpr Isa kIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512, Isa::amx};
+constexpr int64_t kHeadDims[] = {1, 7, 16, 32, 63, 64, 80, 96, 128, 200, 255, 256};
+
+// A constant expression: usable where the kernels need compile-time tile sizes.
+static_assert(choose_tiles(Isa::avx512, 128, 128, true).bm > 0);
+
+TEST(Tiles, PositiveForEveryIsaHeadDimAndPass) {
+  for (Isa isa : kIsas)
+    for (int64_t d : kHeadDims)
+      for (int64_t dv : kHeadDims)
+        for (bool backward : {false, true}) {
+          const Tiles t = choose_tiles(isa, d, dv, backward);
+          EXPECT_GT(t.bm, 0) << flashback::cpu::isa_name(isa) << " D=" << d << " Dv=" << dv << " bwd=" << backward;
+          EXPECT_GT(t.bn, 0) << flashback::cpu::isa_name(isa) << " D=" << d << " Dv=" << dv << " bwd=" << backward;
+        }
+}
+
+// The SIMD kernels work on 16-float (one zmm, two ymm) groups of rows and keys.
+TEST(Tiles, SimdTilesAreMultiplesOf16) {
+  for (Isa isa : {Isa::avx2, Isa::avx512, Isa::amx})
+    for (int64_t d : kHeadDims)
+      for (bool backward : {false, true}) {
+        const Tiles t = choose_tiles(isa, d, d, backward);
+        EXPECT_EQ(t.bm % 16, 0) << flashback::cpu::isa_name(isa) << " D=" << d << " bwd=" << backward;
+        EXPECT_EQ(t.bn % 16, 0) << flashback::cpu::isa_name(isa) << " D=" << d << " bwd=" << backward;
+      }
+}
+
+// The sweeps in attention_test derive their sequence lengths from choose_tiles: each kernel set must
+// run with exactly those tiles, and never with an instruction set above the one asked for.
+TEST(Tiles, KernelSetsRunWithChooseTiles) {
+  using flashback::core::DType;
+  for (Isa isa : kIsas)
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+      const flashback::cpu::KernelSet& ks = flashback::cpu::kernels_for(isa, dtype);
+      EXPECT_LE(ks.isa, isa);
+      for (int64_t d : kHeadDims)
+        for (bool backward : {false, true}) {
+          flashback::core::Problem p;
+          p.dtype = dtype;
+          p.head_dim = d;
+          p.head_dim_v = 257 - d;
+          const Tiles want = choose_tiles(ks.isa, p.head_dim, p.head_dim_v, backward);
+          const Tiles got = ks.tiles(p, backward);
+          EXPECT_EQ(got.bm, want.bm) << flashback::cpu::isa_name(ks.isa) << " D=" << d << " bwd=" << backward;
+          EXPECT_EQ(got.bn, want.bn) << flashback::cpu::isa_name(ks.isa) << " D=" << d << " bwd=" << backward;
+        }
+    }
+}
+
+} // namespace

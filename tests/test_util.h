@@ -1,0 +1,179 @@
+// Helpers shared by the test binaries: seeds, tensors (f32, bf16, f16) over backing buffers in several
+// layouts, NaN poisoning, comparison against the float64 reference, and one attention case run
+// through the C API.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/kernels.h"
+#include "flashback/flashback.h"
+#include "reference.h"
+
+namespace fbtest {
+
+// --- Seeds --------------------------------------------------------------------------------------------
+
+// FLASHBACK_TEST_SEED if set, else drawn from std::random_device; fixed for the process.
+uint64_t base_seed();
+// A generator for one named case: the same name and base seed give the same numbers, whatever the
+// test filter or order.
+std::mt19937_64 rng_for(const std::string& name);
+// For SCOPED_TRACE: how to reproduce this run.
+std::string seed_note();
+
+// --- Instruction set ----------------------------------------------------------------------------------
+
+// Why the calling test should be skipped: FLASHBACK_ISA asks for an instruction set above the one
+// this process runs (the machine or the build lacks it). Empty when the test should run. A request
+// below what runs means the cap is broken: that is reported as a failure, not a skip.
+std::optional<std::string> isa_skip_reason();
+
+// Skips the test (from SetUp or a test body) when the requested instruction set does not run here.
+#define FBTEST_SKIP_UNLESS_REQUESTED_ISA()                              \
+  do {                                                                  \
+    if (auto why_ = ::fbtest::isa_skip_reason()) GTEST_SKIP() << *why_; \
+  } while (0)
+
+// The tiles of the kernels this process runs for a dtype; sweeps put sequence lengths around them.
+flashback::cpu::Tiles tiles_for(int64_t head_dim, int64_t head_dim_v, bool backward, fb_dtype dtype = FB_F32);
+
+// --- Tensors over backing buffers ---------------------------------------------------------------------
+
+// How a [d0, d1, d2, d3] tensor ([B, H, S, X]; rank 3 drops X) sits in its buffer.
+enum class Layout {
+  bhsd,   // contiguous
+  bshd,   // contiguous [B, S, H, X] viewed as [B, H, S, X] (rank 3: contiguous)
+  padded, // BHSD order with padded row, head and batch strides (odd numbers), not at the buffer start
+  slice,  // a sub-block of a larger [B, S+3, H+2, X+5] buffer (rank 3: of a [B, H+1, S+2] buffer)
+};
+const char* layout_name(Layout l);
+
+// A strided view of a backing buffer that may hold other views too, in f32, bf16 or f16. Every
+// buffer has guard elements before and after the views, so a stray write next to a view is seen.
+class Tensor {
+ public:
+  Tensor() = default;
+  static Tensor make(Layout layout, const std::vector<int64_t>& shape, fb_dtype dtype = FB_F32);
+  // q, k, v as views of one packed [B, S, 3, H, D] buffer (FlashAttention's qkvpacked layout).
+  static std::vector<Tensor> packed3(int64_t b, int64_t s, int64_t h, int64_t d, fb_dtype dtype = FB_F32);
+
+  bool exists() const { return buf_ != nullptr; }
+  fb_dtype dtype() const { return dtype_; }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  const std::vector<int64_t>& stride() const { return stride_; }
+  int64_t numel() const;
+  // The whole backing buffer, in bytes.
+  std::vector<unsigned char>& bytes() const { return *buf_; }
+  // Buffer index (in elements) of every element of the view, in row-major order of the shape.
+  std::vector<int64_t> element_offsets() const;
+  // The bits of buffer element i (zero-extended for 16-bit types).
+  uint32_t bits_at(int64_t i) const;
+
+  fb_tensor raw() const;
+  std::vector<double> read() const;             // dense, row-major, the exact stored values
+  void write(const std::vector<double>& dense); // rounded to the dtype
+  void fill_normal(std::mt19937_64& rng);
+
+ private:
+  std::shared_ptr<std::vector<unsigned char>> buf_;
+  fb_dtype dtype_ = FB_F32;
+  int64_t offset_ = 0; // elements
+  std::vector<int64_t> shape_, stride_;
+};
+
+size_t dtype_size(fb_dtype t);
+const char* dtype_name(fb_dtype t);
+// Unit roundoff of the storage type: the relative error of rounding one value to it.
+double unit_roundoff(fb_dtype t);
+
+// The NaN that poisons outputs (for each dtype); its payload makes a copy of it distinguishable from
+// a computed NaN.
+uint32_t poison_bits(fb_dtype t);
+// Fills the whole backing buffer of each tensor with poison.
+void poison(const std::vector<const Tensor*>& outputs);
+// Every element of the tensors' buffers that lies outside all of their views is still poisoned.
+::testing::AssertionResult only_views_written(const std::vector<const Tensor*>& outputs);
+
+// A bitwise copy of the buffers behind some tensors, to prove a call left them alone.
+class Snapshot {
+ public:
+  explicit Snapshot(const std::vector<const Tensor*>& tensors);
+  ::testing::AssertionResult unchanged() const;
+
+ private:
+  std::vector<std::pair<const std::vector<unsigned char>*, std::vector<unsigned char>>> copies_;
+};
+
+// --- Comparison ---------------------------------------------------------------------------------------
+
+// FlashAttention-style bound for f32 outputs of O(100)-term accumulations: a few hundred ulps of the
+// output's magnitude (f32 epsilon is 1.2e-7).
+constexpr double kRelTol = 2e-5;
+
+std::string index_string(const std::vector<int64_t>& shape, int64_t flat);
+// max|out - ref| <= tol * max(max|ref|, 1); any NaN or infinity fails. Reports the worst element.
+::testing::AssertionResult near_ref(const char* what, const Tensor& out, const std::vector<double>& ref,
+                                    double tol = kRelTol);
+// The same bound over finite reference values; -inf exactly where the reference has -inf.
+::testing::AssertionResult lse_near_ref(const char* what, const Tensor& out, const std::vector<double>& ref,
+                                        double tol = kRelTol);
+// Bit-identical contents (for determinism checks).
+::testing::AssertionResult same_bits(const char* what, const Tensor& a, const Tensor& b);
+
+// --- One attention case through the C API -------------------------------------------------------------
+
+struct Case {
+  ref::Shape shape;
+  fb_dtype dtype = FB_F32; // of q, k, v, o, dout, dq, dk, dv; lse and delta are always f32
+  ref::Options opt; // opt.scale > 0 is passed as params.scale; 0 leaves the library's default
+  Layout q = Layout::bhsd, k = Layout::bhsd, v = Layout::bhsd, o = Layout::bhsd, dout = Layout::bhsd;
+  Layout dq = Layout::bhsd, dk = Layout::bhsd, dv = Layout::bhsd;
+  Layout rows = Layout::bhsd; // lse and delta
+  bool packed = false;        // q, k, v from one [B, S, 3, H, D] buffer; dq, dk, dv into another
+  bool want_dq = true, want_dk = true, want_dv = true, want_delta = true;
+  int threads = 0; // params.num_threads
+
+  Case& layout(Layout l); // every rank-4 tensor
+  std::string describe() const;
+  fb_params params() const;
+};
+
+struct Inputs {
+  Tensor q, k, v, dout;
+};
+struct Outputs {
+  Tensor o, lse;
+  Tensor dq, dk, dv, delta; // left empty when the case does not want them
+};
+
+// Random normal inputs in the case's layouts.
+Inputs make_inputs(const Case& c, std::mt19937_64& rng);
+// The outputs in the case's layouts, every buffer poisoned.
+Outputs make_outputs(const Case& c);
+
+// Where the workspace comes from.
+enum class WorkspaceMode {
+  library,    // NULL, 0: the library allocates
+  exact,      // exactly *_workspace_size bytes, 64-byte aligned
+  misaligned, // exactly *_workspace_size bytes at an odd address
+};
+
+// fb_forward into out.o, out.lse. With a caller workspace, also checks that no byte around it was
+// written (a failure is added to the test).
+fb_status run_forward(const Case& c, const Inputs& in, Outputs& out, WorkspaceMode ws = WorkspaceMode::library);
+// fb_backward on out.o and out.lse into the wanted gradients.
+fb_status run_backward(const Case& c, const Inputs& in, Outputs& out, WorkspaceMode ws = WorkspaceMode::library);
+
+// Every output tensor of `out` that exists.
+std::vector<const Tensor*> forward_outputs(const Outputs& out);
+std::vector<const Tensor*> backward_outputs(const Outputs& out);
+
+} // namespace fbtest
