@@ -2,6 +2,7 @@
 // Compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl only; chosen at run time (cpu/isa.cpp).
 #include <immintrin.h>
 
+#include "cpu/math_f32.h"
 #include "cpu/micro_f32.h"
 #include "cpu/tiles.h"
 
@@ -105,6 +106,6 @@ struct Avx512Micro : MicroF32<V512> {
 
 } // namespace
 
-const KernelSet& kernels_avx512(core::DType dtype) { return make_kernel_set<Avx512Micro>(dtype); }
+const KernelSet& kernels_avx512(core::DType dtype) { return f32_kernel_set<Avx512Micro>(dtype); }
 
 } // namespace flashback::cpu
