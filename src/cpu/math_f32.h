@@ -1,6 +1,8 @@
 // Tile math in f32 over an ISA's microkernels (`Micro`: gemm, pack_t, load_rows, softmax_t, probs,
-// dscores, dot; see scalar/kernels.cpp). Storage T is float, bf16 or f16: half-precision blocks are
-// converted to f32 scratch as they are used, and every output is rounded once from its f32 total.
+// dscores, dot; see scalar/kernels.cpp). Storage T is float, bf16 or f16. f32 operands are read in
+// place; half-precision K, V (forward) and Q, dO (backward) are converted to f32 once per call, in the
+// prepare phase, into the shared workspace (B Hk Sk (D + Dv) or B Hq Sq (D + Dv) floats, rows padded),
+// since every block of them is used by many tiles. Every output is rounded once from its f32 total.
 //
 // Forward: the scores are computed transposed, S^T = K Q^T [BN keys][BM rows], so Q is packed once per
 // query block and K, V are read in place; the softmax then runs across rows in SIMD lanes.
@@ -31,27 +33,75 @@ template <class Micro, class Storage>
 struct MathF32 {
   using T = Storage;
   static constexpr Isa isa = Micro::isa;
+  static constexpr bool kConvert = !kIsF32<T>; // half precision: operands converted once per call
 
   static Tiles tiles(const core::Problem& p, bool backward) { return Micro::tiles(p, backward); }
   static float dot(const T* a, const T* b, int64_t n) { return Micro::dot(a, b, n); }
 
-  // Nothing is packed once per call: K, V (forward) and Q, dO (backward) are read in place.
-  static size_t forward_shared_bytes(const core::Problem&, Tiles) { return 0; }
-  static int64_t forward_prepare_items(const ForwardJob&) { return 0; }
-  static void forward_prepare(const ForwardJob&, int64_t) {}
-  static size_t backward_shared_bytes(const core::Problem&, Tiles) { return 0; }
-  static int64_t backward_prepare_items(const BackwardJob&) { return 0; }
-  static void backward_prepare(const BackwardJob&, int64_t) {}
+  // One block of `rows` rows of the f32 copies in the shared workspace: [rows][Dp] then [rows][Dvp].
+  static int64_t block_floats(const core::Problem& p, int64_t rows) {
+    return rows * (round_up(p.head_dim, kLanes) + round_up(p.head_dim_v, kLanes));
+  }
+  // The f32 copy of block `index` (of `rows` rows): the first operand ([rows][Dp]) and the second.
+  static float* converted(char* shared, const core::Problem& p, int64_t rows, int64_t index, float** second) {
+    float* first = reinterpret_cast<float*>(shared) + index * block_floats(p, rows);
+    *second = first + rows * round_up(p.head_dim, kLanes);
+    return first;
+  }
+  static void convert(const T* a, int64_t lda, int64_t da, const T* b, int64_t ldb, int64_t db, int64_t rows,
+                      float* fa, float* fb) {
+    Micro::load_rows(a, lda, rows, da, fa, round_up(da, kLanes));
+    Micro::load_rows(b, ldb, rows, db, fb, round_up(db, kLanes));
+  }
+
+  static size_t forward_shared_bytes(const core::Problem& p, Tiles t) {
+    if (!kConvert) return 0;
+    return static_cast<size_t>(p.batch * p.heads_kv * round_up(p.seqlen_k, t.bn) / t.bn * block_floats(p, t.bn)) *
+           sizeof(float);
+  }
+  static int64_t forward_prepare_items(const ForwardJob& job) {
+    return kConvert ? job.p->batch * job.p->heads_kv * job.kv_blocks : 0;
+  }
+  // Key block `item` = (b, hk, jb) of K and V in f32.
+  static void forward_prepare(const ForwardJob& job, int64_t item) {
+    const core::Problem& p = *job.p;
+    const int64_t bhk = item / job.kv_blocks, jb = item % job.kv_blocks;
+    const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
+    const int64_t j0 = jb * job.tiles.bn, cols = min64(p.seqlen_k, j0 + job.tiles.bn) - j0;
+    float* vf;
+    float* kf = converted(job.shared, p, job.tiles.bn, item, &vf);
+    convert(row_ptr<const T>(p.k, b, hk, j0), p.k.ss, p.head_dim, row_ptr<const T>(p.v, b, hk, j0), p.v.ss,
+            p.head_dim_v, cols, kf, vf);
+  }
+
+  static size_t backward_shared_bytes(const core::Problem& p, Tiles t) {
+    if (!kConvert) return 0;
+    return static_cast<size_t>(p.batch * p.heads_q * round_up(p.seqlen_q, t.bm) / t.bm * block_floats(p, t.bm)) *
+           sizeof(float);
+  }
+  static int64_t backward_prepare_items(const BackwardJob& job) {
+    return kConvert ? job.p->batch * job.p->heads_q * job.q_blocks : 0;
+  }
+  // Query block `item` = (b, h, ib) of Q and dO in f32.
+  static void backward_prepare(const BackwardJob& job, int64_t item) {
+    const core::Problem& p = *job.p;
+    const int64_t bh = item / job.q_blocks, ib = item % job.q_blocks;
+    const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
+    const int64_t i0 = ib * job.tiles.bm, rows = min64(p.seqlen_q, i0 + job.tiles.bm) - i0;
+    float* dof;
+    float* qf = converted(job.shared, p, job.tiles.bm, item, &dof);
+    convert(row_ptr<const T>(p.q, b, h, i0), p.q.ss, p.head_dim, row_ptr<const T>(p.dout, b, h, i0), p.dout.ss,
+            p.head_dim_v, rows, qf, dof);
+  }
 
   // Per-thread scratch of the forward, in floats:
   //   qt    [D][BMp]    Q^T of the block, scaled by scale * log2(e)
   //   st    [BN][BMp]   S^T, then P^T, of one tile
   //   oacc  [BMp][Dvp]  unnormalized output rows
   //   m, l, alpha [BMp] running max (log2 units), running sum, rescale factor of this tile
-  //   kf [BN][Dp], vf [BN][Dvp]  the key block in f32 (half precision only)
   struct ForwardScratch {
     int64_t bmp, dp, dvp;
-    float *qt, *st, *oacc, *m, *l, *alpha, *kf, *vf;
+    float *qt, *st, *oacc, *m, *l, *alpha;
 
     ForwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) {
       bmp = round_up(t.bm, kLanes);
@@ -64,11 +114,6 @@ struct MathF32 {
       m = c.floats(bmp);
       l = c.floats(bmp);
       alpha = c.floats(bmp);
-      kf = vf = nullptr;
-      if constexpr (!kIsF32<T>) {
-        kf = c.floats(t.bn * dp);
-        vf = c.floats(t.bn * dvp);
-      }
       if (bytes) *bytes = c.used;
     }
   };
@@ -81,7 +126,7 @@ struct MathF32 {
 
   class Forward {
    public:
-    Forward(const ForwardJob& job, char* scratch) : p_(*job.p), t_(job.tiles), s_(p_, t_, scratch) {}
+    Forward(const ForwardJob& job, char* scratch) : job_(job), p_(*job.p), t_(job.tiles), s_(p_, t_, scratch) {}
 
     // A query block: qt [D][BMp] = (Q rows)^T * scale * log2(e); rows >= `rows` are zero.
     void begin(int64_t b, int64_t h, int64_t i0, int64_t rows) {
@@ -95,9 +140,20 @@ struct MathF32 {
     // A key block: S^T, an online-softmax step, O = alpha O + P V.
     void add(int64_t b, int64_t hk, int64_t j0, int64_t cols, const Mask* mask, bool first) {
       const int64_t d = p_.head_dim, dv = p_.head_dim_v;
+      const float *k, *v;
       int64_t ldk, ldv;
-      const float* k = as_f32<Micro>(row_ptr<const T>(p_.k, b, hk, j0), p_.k.ss, cols, d, s_.kf, s_.dp, &ldk);
-      const float* v = as_f32<Micro>(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, cols, dv, s_.vf, s_.dvp, &ldv);
+      if constexpr (kConvert) {
+        float* vf;
+        k = converted(job_.shared, p_, t_.bn, (b * p_.heads_kv + hk) * job_.kv_blocks + j0 / t_.bn, &vf);
+        v = vf;
+        ldk = s_.dp;
+        ldv = s_.dvp;
+      } else {
+        k = row_ptr<const T>(p_.k, b, hk, j0);
+        v = row_ptr<const T>(p_.v, b, hk, j0);
+        ldk = p_.k.ss;
+        ldv = p_.v.ss;
+      }
       // st [cols][BMp] = K Q^T, in log2 units
       Micro::gemm(cols, s_.bmp, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, false, nullptr);
       Micro::softmax_t(s_.st, s_.bmp, s_.bmp, cols, mask, s_.m, s_.l, s_.alpha);
@@ -117,6 +173,7 @@ struct MathF32 {
     }
 
    private:
+    const ForwardJob& job_;
     const core::Problem& p_;
     Tiles t_;
     ForwardScratch s_;
@@ -128,10 +185,10 @@ struct MathF32 {
   //   s  [BM][BNp]                S, then P
   //   ds [BM][BNp]                dP, then dS (scale folded in)
   //   dk [BN][Dp], dv [BN][Dvp]   the key block's gradient accumulators
-  //   kf [BN][Dp], qf [BM][Dp], dof [BM][Dvp]   K, Q and dO blocks in f32 (half precision only)
+  //   kf [BN][Dp]                 K in f32 for dQ (half precision only)
   struct BackwardScratch {
     int64_t bnp, dp, dvp;
-    float *kt, *vt, *s, *ds, *dk, *dv, *kf, *qf, *dof;
+    float *kt, *vt, *s, *ds, *dk, *dv, *kf;
 
     BackwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) {
       bnp = round_up(t.bn, kLanes);
@@ -144,12 +201,7 @@ struct MathF32 {
       ds = c.floats(t.bm * bnp);
       dk = c.floats(t.bn * dp);
       dv = c.floats(t.bn * dvp);
-      kf = qf = dof = nullptr;
-      if constexpr (!kIsF32<T>) {
-        kf = c.floats(t.bn * dp);
-        qf = c.floats(t.bm * dp);
-        dof = c.floats(t.bm * dvp);
-      }
+      kf = kConvert ? c.floats(t.bn * dp) : nullptr;
       if (bytes) *bytes = c.used;
     }
   };
@@ -181,10 +233,20 @@ struct MathF32 {
     void add(int64_t b, int64_t h, int64_t i0, int64_t rows, const Mask* mask) {
       const int64_t d = p_.head_dim, dv = p_.head_dim_v, cols = cols_;
       const int64_t row0 = (b * p_.heads_q + h) * p_.seqlen_q + i0;
+      const float *q, *dout;
       int64_t ldq, lddo;
-      const float* q = as_f32<Micro>(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, d, s_.qf, s_.dp, &ldq);
-      const float* dout =
-          as_f32<Micro>(row_ptr<const T>(p_.dout, b, h, i0), p_.dout.ss, rows, dv, s_.dof, s_.dvp, &lddo);
+      if constexpr (kConvert) {
+        float* dof;
+        q = converted(job_.shared, p_, t_.bm, (b * p_.heads_q + h) * job_.q_blocks + i0 / t_.bm, &dof);
+        dout = dof;
+        ldq = s_.dp;
+        lddo = s_.dvp;
+      } else {
+        q = row_ptr<const T>(p_.q, b, h, i0);
+        dout = row_ptr<const T>(p_.dout, b, h, i0);
+        ldq = p_.q.ss;
+        lddo = p_.dout.ss;
+      }
       rows_ = rows;
       // s [rows][cols] = Q K^T, then P = exp2(S * scale * log2(e) - lse2), 0 where masked
       Micro::gemm(rows, cols, d, q, ldq, 1, s_.kt, s_.bnp, s_.s, s_.bnp, false, nullptr);
