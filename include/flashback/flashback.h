@@ -134,8 +134,9 @@ FB_API const char* fb_last_error(void);
 FB_API const char* fb_status_name(fb_status status);
 FB_API const char* fb_version(void);
 
-/* The instruction set the CPU backend runs on this machine: "amx", "avx512", "avx2" or "scalar".
- * The environment variable FLASHBACK_ISA (read once) caps it. */
+/* The instruction-set level the CPU backend runs at on this machine: "amx", "avx512bf16", "avx512",
+ * "avx2" or "scalar" ("amx-emulated" under FLASHBACK_AMX_EMULATION=1, for tests). The environment
+ * variable FLASHBACK_ISA (read once) caps it. README lists which kernels each level runs per dtype. */
 FB_API const char* fb_cpu_isa(void);
 
 #ifdef __cplusplus

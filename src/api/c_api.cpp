@@ -9,7 +9,6 @@
 #include "core/problem.h"
 #include "cpu/backend.h"
 #include "cpu/isa.h"
-#include "cpu/kernels.h"
 #include "flashback/flashback.h"
 
 namespace {
@@ -154,8 +153,6 @@ const char* fb_status_name(fb_status status) {
 
 const char* fb_version(void) { return "0.1.0"; }
 
-const char* fb_cpu_isa(void) {
-  return flashback::cpu::isa_name(flashback::cpu::kernels_for(flashback::cpu::active_isa(), flashback::core::DType::f32).isa);
-}
+const char* fb_cpu_isa(void) { return flashback::cpu::active_isa_name(); }
 
 } // extern "C"

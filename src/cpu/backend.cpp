@@ -37,17 +37,39 @@ int threads_for(const core::Problem& p, int64_t items) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(resolve_threads(p), items)));
 }
 
+// Claims items [0, n) in increasing order, one at a time, across the team.
+template <class Fn>
+void claim_items(std::atomic<int64_t>& next, int64_t n, Fn&& fn) {
+  for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(item);
+}
+
+// The forward's workspace: per-thread scratch, then the operands the tile math packs once per call.
+struct ForwardLayout {
+  Tiles tiles;
+  int threads = 1;
+  size_t scratch = 0, shared = 0;
+  size_t total() const { return kAlign + threads * scratch + shared; }
+};
+
+ForwardLayout forward_layout(const core::Problem& p, const KernelSet& ks) {
+  ForwardLayout l;
+  l.tiles = ks.tiles(p, false);
+  l.threads = threads_for(p, forward_items(p, l.tiles));
+  l.scratch = align_up(ks.forward_scratch_bytes(p, l.tiles));
+  l.shared = align_up(ks.forward_shared_bytes(p, l.tiles));
+  return l;
+}
+
 // The backward's workspace, in order: per-thread scratch, delta and lse2 rows, the dQ turn counters,
-// and (for half-precision dq only) an f32 dQ accumulator.
+// (for half-precision dq only) an f32 dQ accumulator, and the operands packed once per call.
 struct BackwardLayout {
   Tiles tiles;
   int threads = 1;
-  size_t scratch = 0, rows = 0, counters = 0, dq_acc = 0;
-  size_t total() const { return kAlign + threads * scratch + 2 * rows + counters + dq_acc; }
+  size_t scratch = 0, rows = 0, counters = 0, dq_acc = 0, shared = 0;
+  size_t total() const { return kAlign + threads * scratch + 2 * rows + counters + dq_acc + shared; }
 };
 
-BackwardLayout backward_layout(const core::Problem& p) {
-  const KernelSet& ks = active_kernels(p);
+BackwardLayout backward_layout(const core::Problem& p, const KernelSet& ks) {
   BackwardLayout l;
   l.tiles = ks.tiles(p, true);
   l.threads = threads_for(p, backward_items(p, l.tiles));
@@ -58,6 +80,7 @@ BackwardLayout backward_layout(const core::Problem& p) {
     l.counters = align_up(static_cast<size_t>(p.batch * p.heads_q * ceil_div(p.seqlen_q, l.tiles.bm)) * sizeof(int64_t));
     if (p.dtype != core::DType::f32) l.dq_acc = align_up(static_cast<size_t>(rows * p.head_dim) * sizeof(float));
   }
+  l.shared = align_up(ks.backward_shared_bytes(p, l.tiles));
   return l;
 }
 
@@ -83,6 +106,12 @@ void team_barrier(int threads) {
 } // namespace
 
 const KernelSet& kernels_for(Isa isa, core::DType dtype) {
+#if defined(FLASHBACK_HAVE_AMX_KERNELS)
+  if (isa >= Isa::amx) return kernels_amx(dtype, amx_emulated());
+#endif
+#if defined(FLASHBACK_HAVE_AVX512BF16_KERNELS)
+  if (isa >= Isa::avx512bf16) return kernels_avx512bf16(dtype);
+#endif
 #if defined(FLASHBACK_HAVE_AVX512_KERNELS)
   if (isa >= Isa::avx512) return kernels_avx512(dtype);
 #endif
@@ -103,36 +132,37 @@ int resolve_threads(const core::Problem& p) {
   return from_env > 0 ? from_env : std::max(1, omp_get_max_threads());
 }
 
-size_t forward_workspace_bytes(const core::Problem& p) {
-  const KernelSet& ks = active_kernels(p);
-  const Tiles t = ks.tiles(p, false);
-  return kAlign + threads_for(p, forward_items(p, t)) * align_up(ks.forward_scratch_bytes(p, t));
-}
+size_t forward_workspace_bytes(const core::Problem& p) { return forward_layout(p, active_kernels(p)).total(); }
 
 void forward(const core::Problem& p, void* workspace) {
   const KernelSet& ks = active_kernels(p);
+  const ForwardLayout l = forward_layout(p, ks);
   ForwardJob job;
   job.p = &p;
-  job.tiles = ks.tiles(p, false);
-  job.q_blocks = ceil_div(p.seqlen_q, job.tiles.bm);
-  const int64_t items = forward_items(p, job.tiles);
+  job.tiles = l.tiles;
+  job.q_blocks = ceil_div(p.seqlen_q, l.tiles.bm);
+  job.kv_blocks = ceil_div(p.seqlen_k, l.tiles.bn);
+  const int64_t items = forward_items(p, l.tiles);
   if (items == 0) return;
-  const int threads = threads_for(p, items);
-  const size_t scratch = align_up(ks.forward_scratch_bytes(p, job.tiles));
-  char* base = align_ptr(workspace);
-  std::atomic<int64_t> next{0};
-  run_team(threads, [&](int tid, int) {
-    char* mine = base + tid * scratch;
-    for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < items;)
-      ks.forward_item(job, item, mine);
+  char* scratch = align_ptr(workspace);
+  job.shared = scratch + l.threads * l.scratch;
+  const int64_t prepare_items = ks.forward_prepare_items(job);
+  std::atomic<int64_t> next_prepare{0}, next{0};
+  run_team(l.threads, [&](int tid, int nt) {
+    if (prepare_items > 0) {
+      claim_items(next_prepare, prepare_items, [&](int64_t item) { ks.forward_prepare(job, item); });
+      team_barrier(nt);
+    }
+    char* mine = scratch + tid * l.scratch;
+    claim_items(next, items, [&](int64_t item) { ks.forward_item(job, item, mine); });
   });
 }
 
-size_t backward_workspace_bytes(const core::Problem& p) { return backward_layout(p).total(); }
+size_t backward_workspace_bytes(const core::Problem& p) { return backward_layout(p, active_kernels(p)).total(); }
 
 void backward(const core::Problem& p, void* workspace) {
   const KernelSet& ks = active_kernels(p);
-  const BackwardLayout l = backward_layout(p);
+  const BackwardLayout l = backward_layout(p, ks);
   BackwardJob job;
   job.p = &p;
   job.tiles = l.tiles;
@@ -161,22 +191,27 @@ void backward(const core::Problem& p, void* workspace) {
     job.dq_sh = p.dq.sh;
     job.dq_ss = p.dq.ss;
   }
+  at += l.dq_acc;
+  job.shared = at;
   const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
   const int64_t items = backward_items(p, l.tiles);
-  const bool store_dq = l.dq_acc != 0;
-  std::atomic<int64_t> next{0};
+  const int64_t prepare_items = ks.backward_prepare_items(job);
+  std::atomic<int64_t> next_prepare{0}, next{0};
   run_team(l.threads, [&](int tid, int nt) {
-    // Phase 1: delta = rowsum(dO * O), lse2, zeroed dQ accumulator; static row ranges.
+    // Phase 1: delta = rowsum(dO * O), lse2, zeroed dQ accumulator (static row ranges); operands the
+    // tile math packs once.
     const int64_t chunk = ceil_div(rows, nt);
-    ks.backward_rows(job, std::min(rows, tid * chunk), std::min(rows, (tid + 1) * chunk));
+    const int64_t mine_begin = std::min(rows, tid * chunk), mine_end = std::min(rows, (tid + 1) * chunk);
+    ks.backward_rows(job, mine_begin, mine_end);
+    claim_items(next_prepare, prepare_items, [&](int64_t item) { ks.backward_prepare(job, item); });
     team_barrier(nt);
     // Phase 2: key blocks, claimed in increasing order.
     char* mine = scratch + tid * l.scratch;
-    for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < items;)
-      ks.backward_item(job, item, mine);
-    if (store_dq) {
+    claim_items(next, items, [&](int64_t item) { ks.backward_item(job, item, mine); });
+    // Phase 3: half-precision dq, rounded once from its f32 total.
+    if (l.dq_acc) {
       team_barrier(nt);
-      ks.backward_store_dq(job, std::min(rows, tid * chunk), std::min(rows, (tid + 1) * chunk));
+      ks.backward_store_dq(job, mine_begin, mine_end);
     }
   });
 }

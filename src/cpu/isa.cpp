@@ -20,13 +20,14 @@ const char* isa_name(Isa isa) {
     case Isa::scalar: return "scalar";
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
+    case Isa::avx512bf16: return "avx512bf16";
     case Isa::amx: return "amx";
   }
   return "?";
 }
 
 bool parse_isa(const char* name, Isa* isa) {
-  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::amx})
+  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
     if (std::strcmp(name, isa_name(i)) == 0) {
       *isa = i;
       return true;
@@ -70,9 +71,11 @@ Isa probe() {
   const bool avx2 = bit(b, 5), avx512f = bit(b, 16), avx512dq = bit(b, 17), avx512bw = bit(b, 30),
              avx512vl = bit(b, 31);
   const bool amx_bf16 = bit(d, 22), amx_tile = bit(d, 24);
+  const bool avx512_bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && bit(a, 5);
   if (!(ymm_saved && avx2 && fma && f16c)) return Isa::scalar;
   if (!(zmm_saved && avx512f && avx512dq && avx512bw && avx512vl)) return Isa::avx2;
-  if (!(tiles_saved && amx_tile && amx_bf16 && request_amx_permission())) return Isa::avx512;
+  if (!avx512_bf16) return Isa::avx512;
+  if (!(tiles_saved && amx_tile && amx_bf16 && request_amx_permission())) return Isa::avx512bf16;
   return Isa::amx;
 }
 
@@ -86,14 +89,27 @@ Isa machine_isa() {
 Isa machine_isa() { return Isa::scalar; }
 #endif
 
+bool amx_emulated() {
+  static const bool emulated = [] {
+    const char* env = std::getenv("FLASHBACK_AMX_EMULATION");
+    return env && std::strcmp(env, "1") == 0 && machine_isa() == Isa::avx512bf16;
+  }();
+  return emulated;
+}
+
 Isa active_isa() {
   static const Isa isa = [] {
-    Isa cap = machine_isa(), wanted;
+    Isa cap = amx_emulated() ? Isa::amx : machine_isa(), wanted;
     const char* env = std::getenv("FLASHBACK_ISA");
     if (env && *env && parse_isa(env, &wanted) && wanted < cap) cap = wanted;
     return cap;
   }();
   return isa;
+}
+
+const char* active_isa_name() {
+  if (active_isa() == Isa::amx && amx_emulated()) return "amx-emulated";
+  return isa_name(active_isa());
 }
 
 } // namespace flashback::cpu

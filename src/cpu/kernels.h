@@ -20,7 +20,8 @@ struct Tiles {
 struct ForwardJob {
   const core::Problem* p = nullptr;
   Tiles tiles;
-  int64_t q_blocks = 0; // per (batch, head)
+  int64_t q_blocks = 0, kv_blocks = 0; // per (batch, head)
+  char* shared = nullptr;              // forward_shared_bytes, 64-byte aligned: operands packed once
 };
 
 // Everything a backward work item needs; items are (batch, kv head, key block), claimed in increasing
@@ -35,14 +36,26 @@ struct BackwardJob {
   int64_t* dq_next = nullptr; // [B * Hq * q_blocks]: the key block whose dQ contribution goes next
   float* dq_acc = nullptr;   // f32 dQ accumulator: the caller's dq when it is f32, else workspace
   int64_t dq_sb = 0, dq_sh = 0, dq_ss = 0;
+  char* shared = nullptr;    // backward_shared_bytes, 64-byte aligned: operands packed once
 };
 
+// Each pass runs in phases separated by barriers: prepare items (operands packed once per call, when
+// the tile math packs any), then the work items; the backward also has per-row work first and, for
+// half-precision dq, a store phase last.
 struct KernelSet {
   Isa isa;
   Tiles (*tiles)(const core::Problem& p, bool backward);
+
   size_t (*forward_scratch_bytes)(const core::Problem& p, Tiles t); // per thread
-  size_t (*backward_scratch_bytes)(const core::Problem& p, Tiles t); // per thread
+  size_t (*forward_shared_bytes)(const core::Problem& p, Tiles t);
+  int64_t (*forward_prepare_items)(const ForwardJob& job);
+  void (*forward_prepare)(const ForwardJob& job, int64_t item);
   void (*forward_item)(const ForwardJob& job, int64_t item, char* scratch);
+
+  size_t (*backward_scratch_bytes)(const core::Problem& p, Tiles t); // per thread
+  size_t (*backward_shared_bytes)(const core::Problem& p, Tiles t);
+  int64_t (*backward_prepare_items)(const BackwardJob& job);
+  void (*backward_prepare)(const BackwardJob& job, int64_t item);
   // Rows [begin, end) of the flattened (batch, head, query) index: delta, lse2, zeroed dQ accumulator.
   void (*backward_rows)(const BackwardJob& job, int64_t begin, int64_t end);
   void (*backward_item)(const BackwardJob& job, int64_t item, char* scratch);
@@ -54,6 +67,8 @@ struct KernelSet {
 const KernelSet& kernels_scalar(core::DType dtype);
 const KernelSet& kernels_avx2(core::DType dtype);
 const KernelSet& kernels_avx512(core::DType dtype);
+const KernelSet& kernels_avx512bf16(core::DType dtype); // bf16 products for bf16, else avx512's
+const KernelSet& kernels_amx(core::DType dtype, bool emulated); // AMX tiles for bf16, else avx512bf16's
 
 // The kernel set for an instruction set this build has (falls back to the best one at or below it).
 const KernelSet& kernels_for(Isa isa, core::DType dtype);

@@ -1,14 +1,14 @@
 // f32 microkernels written once over a vector type V (AVX-512: 16 lanes, AVX2: 8 lanes). V supplies
 // typed inline operations (see avx512/kernels.cpp); this file supplies what attention.h calls: a
-// register-blocked GEMM with strided A, a transposing pack, the softmax steps and a dot product.
+// register-blocked GEMM with strided A, a transposing pack, the softmax steps and a dot product, as
+// math_f32.h calls them.
 // Compiled only inside the ISA's translation unit, with its flags; internal linkage, and no std::
 // templates that could be emitted out of line (see attention.h).
 #pragma once
 
 #include <cstdint>
 
-#include "cpu/attention.h"
-#include "cpu/half.h"
+#include "cpu/blocks.h"
 
 namespace flashback::cpu {
 namespace {

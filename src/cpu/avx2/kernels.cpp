@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "cpu/math_f32.h"
 #include "cpu/micro_f32.h"
 #include "cpu/tiles.h"
 
@@ -115,6 +116,6 @@ struct Avx2Micro : MicroF32<V256> {
 
 } // namespace
 
-const KernelSet& kernels_avx2(core::DType dtype) { return make_kernel_set<Avx2Micro>(dtype); }
+const KernelSet& kernels_avx2(core::DType dtype) { return f32_kernel_set<Avx2Micro>(dtype); }
 
 } // namespace flashback::cpu

@@ -2,99 +2,13 @@
 // Compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl only; chosen at run time (cpu/isa.cpp).
 #include <immintrin.h>
 
+#include "cpu/avx512/v512.h"
+#include "cpu/math_f32.h"
 #include "cpu/micro_f32.h"
 #include "cpu/tiles.h"
 
 namespace flashback::cpu {
 namespace {
-
-struct V512 {
-  using reg = __m512;
-  using mask = __mmask16;
-  static constexpr int lanes = 16;
-  static constexpr int kRegisters = 32;
-  // 6 x 4 zmm of C: 24 accumulators cover 2 FMA ports x 4 cycles of latency three times over, and
-  // a row of B (4 loads) plus 6 broadcasts per k stay well under the 2 loads per cycle.
-  static constexpr int kMR = 6, kNV = 4;
-
-  static reg zero() { return _mm512_setzero_ps(); }
-  static reg set1(float x) { return _mm512_set1_ps(x); }
-  static reg loadu(const float* p) { return _mm512_loadu_ps(p); }
-  static void storeu(float* p, reg x) { _mm512_storeu_ps(p, x); }
-  static mask first_lanes(int n) { return static_cast<mask>(n >= 16 ? 0xFFFF : (1u << n) - 1u); }
-  // Masked-off lanes are neither read nor faulted on.
-  static reg load_masked(const float* p, mask m) { return _mm512_maskz_loadu_ps(m, p); }
-  static void store_masked(float* p, mask m, reg x) { _mm512_mask_storeu_ps(p, m, x); }
-  // The first n (<= 16) elements at p in f32, the other lanes 0; nothing past them is read.
-  static reg load(const float* p, int n) { return _mm512_maskz_loadu_ps(first_lanes(n), p); }
-  static reg load(const bf16* p, int n) {
-    const __m256i h = _mm256_maskz_loadu_epi16(first_lanes(n), p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-  static reg load(const f16* p, int n) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first_lanes(n), p)); }
-  static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
-  static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
-  static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }
-  static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
-  static reg fms(reg a, reg b, reg c) { return _mm512_fmsub_ps(a, b, c); } // a * b - c
-  static reg max(reg a, reg b) { return _mm512_max_ps(a, b); }
-  static mask equal(reg a, reg b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
-  static reg select(mask m, reg yes, reg no) { return _mm512_mask_blend_ps(m, no, yes); }
-  static float reduce_add(reg x) { return _mm512_reduce_add_ps(x); }
-
-  // Lanes i with lo <= base + step * i <= hi.
-  static mask in_band(int32_t base, int32_t step, int32_t lo, int32_t hi) {
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i v = _mm512_add_epi32(_mm512_set1_epi32(base), _mm512_mullo_epi32(iota, _mm512_set1_epi32(step)));
-    return _mm512_cmp_epi32_mask(v, _mm512_set1_epi32(lo), _MM_CMPINT_NLT) &
-           _mm512_cmp_epi32_mask(v, _mm512_set1_epi32(hi), _MM_CMPINT_LE);
-  }
-
-  // 2^x: x = n + f with n = round(x), |f| <= 1/2; 2^f by its degree-6 Taylor polynomial (relative
-  // error below 1.2e-7), then scalef multiplies by 2^n, giving 0 below -149 and inf above 128.
-  // Clamping to [-200, 128] keeps f finite for +-inf; the operand order of max/min keeps NaN.
-  static reg exp2(reg x) {
-    x = _mm512_min_ps(_mm512_set1_ps(128.0f), _mm512_max_ps(_mm512_set1_ps(-200.0f), x));
-    const reg n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const reg f = _mm512_sub_ps(x, n);
-    reg p = _mm512_set1_ps(1.5403530393381606e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-  }
-
-  // In-register transpose of 16 rows of 16 floats: 4x4 blocks within 128-bit lanes, then two rounds
-  // of 128-bit lane shuffles.
-  static void transpose(reg (&r)[16]) {
-    __m512 t[16] = {};
-    for (int i = 0; i < 16; i += 2) {
-      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-      r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-      r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-      r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-      r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    // r[4g + j]: rows 4g..4g+3 of columns j, j+4, j+8, j+12 (one per 128-bit lane).
-    for (int i = 0; i < 8; ++i) {
-      const int a = (i / 4) * 8 + (i % 4);
-      t[a] = _mm512_shuffle_f32x4(r[a], r[a + 4], _MM_SHUFFLE(2, 0, 2, 0));
-      t[a + 4] = _mm512_shuffle_f32x4(r[a], r[a + 4], _MM_SHUFFLE(3, 1, 3, 1));
-    }
-    for (int i = 0; i < 4; ++i) {
-      r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], _MM_SHUFFLE(2, 0, 2, 0));
-      r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], _MM_SHUFFLE(3, 1, 3, 1));
-      r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], _MM_SHUFFLE(2, 0, 2, 0));
-      r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], _MM_SHUFFLE(3, 1, 3, 1));
-    }
-  }
-};
 
 struct Avx512Micro : MicroF32<V512> {
   static constexpr Isa isa = Isa::avx512;
@@ -105,6 +19,6 @@ struct Avx512Micro : MicroF32<V512> {
 
 } // namespace
 
-const KernelSet& kernels_avx512(core::DType dtype) { return make_kernel_set<Avx512Micro>(dtype); }
+const KernelSet& kernels_avx512(core::DType dtype) { return f32_kernel_set<Avx512Micro>(dtype); }
 
 } // namespace flashback::cpu

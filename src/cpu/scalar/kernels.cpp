@@ -3,7 +3,7 @@
 #include <cmath>
 #include <limits>
 
-#include "cpu/attention.h"
+#include "cpu/math_f32.h"
 #include "cpu/tiles.h"
 
 namespace flashback::cpu {
@@ -112,6 +112,6 @@ struct ScalarMicro {
 
 } // namespace
 
-const KernelSet& kernels_scalar(core::DType dtype) { return make_kernel_set<ScalarMicro>(dtype); }
+const KernelSet& kernels_scalar(core::DType dtype) { return f32_kernel_set<ScalarMicro>(dtype); }
 
 } // namespace flashback::cpu

@@ -1,0 +1,72 @@
+// Small pieces shared by the CPU algorithm (attention.h) and the tile math it runs (math_*.h).
+// Internal linkage and no std:: function templates: these headers are compiled into every ISA's
+// translation unit with that ISA's flags, and an out-of-line instantiation would be a weak symbol
+// the linker may pick for generic code (tests/cpu/isa_symbols_test checks the ISA objects).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/problem.h"
+#include "cpu/half.h"
+#include "cpu/kernels.h"
+
+namespace flashback::cpu {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kInf = __builtin_inff();
+constexpr int64_t kAlign = 64; // bytes: one cache line, one zmm
+constexpr int64_t kLanes = 16; // f32 leading dimensions are padded to this many floats
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+inline void fill(float* p, int64_t n, float value) {
+  for (int64_t i = 0; i < n; ++i) p[i] = value;
+}
+
+// The element mask of one tile: local row r, column c is visible iff lo <= c - r <= hi.
+struct Mask {
+  int32_t lo, hi;
+};
+
+inline Mask tile_mask(const core::Band& band, int64_t i0, int64_t j0) {
+  // dlo - (j0 - i0) etc.; clamped to what can matter inside a tile (|c - r| < 2^20).
+  constexpr int64_t kFar = int64_t{1} << 30;
+  const int64_t lo = clamp64(band.dlo - (j0 - i0), -kFar, kFar);
+  const int64_t hi = clamp64(band.dhi - (j0 - i0), -kFar, kFar);
+  return {static_cast<int32_t>(lo), static_cast<int32_t>(hi)};
+}
+
+// Carves 64-byte-aligned arrays out of a scratch block; with a null base it only measures.
+struct Carver {
+  char* base;
+  int64_t used = 0;
+  template <class E = float>
+  E* take(int64_t n) {
+    E* p = base ? reinterpret_cast<E*>(base + used) : nullptr;
+    used += round_up(n * static_cast<int64_t>(sizeof(E)), kAlign);
+    return p;
+  }
+  float* floats(int64_t n) { return take<float>(n); }
+};
+
+template <class T>
+T* row_ptr(const core::Strided4& t, int64_t b, int64_t h, int64_t s) {
+  return static_cast<T*>(t.data) + b * t.sb + h * t.sh + s * t.ss;
+}
+
+template <class T>
+constexpr bool kIsF32 = false;
+template <>
+constexpr bool kIsF32<float> = true;
+
+template <class T>
+void store_row(const float* src, int64_t n, float mul, T* dst) {
+  for (int64_t x = 0; x < n; ++x) dst[x] = from_float<T>(src[x] * mul);
+}
+
+} // namespace
+} // namespace flashback::cpu

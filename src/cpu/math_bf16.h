@@ -1,0 +1,320 @@
+// Tile math with bf16 products and f32 accumulation, for bf16 storage, over a bf16 GEMM microkernel
+// (`BMicro`: vdpbf16ps in avx512bf16/, AMX tiles in amx/). Operands are packed into the two formats
+// of avx512/pack_bf16.h; the softmax, the masks and every accumulation stay in f32.
+//
+// P and dS, computed in f32, enter their products as hi + lo, two bf16 each (|x - hi - lo| <= 2^-16
+// |x|): rounding them to one bf16, as FlashAttention does, fails the accuracy bar of a naive f32
+// implementation wherever sums cancel (measured: dQ = sum_j dS_ij K_j, whose dS rows sum to zero, at
+// 3.6x the bar for D = 7, Sk = 300). Q, K, V, dO are bf16 already, so every product is then exact to
+// about 2^-16 and nothing is rounded before the outputs (each once, from its f32 total).
+//
+// BMicro provides: isa, tiles(), kK (the k granule: operands are zero-padded to it), and
+//   gemm(m, n, k, a, a_lo, lda, b, ldb, c, ldc, acc, row_scale):
+//     C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) B, a_lo may be null,
+//   with A in the A format (rows up to round_up(m, 16) readable) and B in the VNNI format (columns
+//   up to round_up(n, 16) readable), f32 C with any m, n.
+//
+// Packed once per call (the `shared` workspace):
+//   forward:  per key block, K^T and V as B operands: ktb [Dk/2][2 BNp], vb [BNk/2][2 Dvn]
+//   backward: per query block, Q and dO as A and as B operands: qa [BMp][Dk], qb [BMk/2][2 Dn],
+//             doa [BMp][Dvk], dob [BMk/2][2 Dvn]
+// (Dk = D rounded up to kK, Dn = D rounded up to 16, likewise for Dv, BM, BN.)
+#pragma once
+
+#include "cpu/attention.h"
+#include "cpu/avx512/pack_bf16.h"
+#include "cpu/avx512/v512.h"
+#include "cpu/blocks.h"
+#include "cpu/micro_f32.h"
+
+namespace flashback::cpu {
+namespace {
+
+template <class BMicro>
+struct MathBf16 {
+  using T = bf16;
+  using F = MicroF32<V512>; // f32 helpers: probs, dscores, dot
+  static constexpr Isa isa = BMicro::isa;
+  static constexpr int64_t kK = BMicro::kK;
+
+  static Tiles tiles(const core::Problem& p, bool backward) { return BMicro::tiles(p, backward); }
+  static float dot(const T* a, const T* b, int64_t n) { return F::dot(a, b, n); }
+
+  // Padded sizes: k dims to kK, m and n dims to 16.
+  struct Dims {
+    int64_t dk, dn, dvk, dvn, bmp, bmk, bnp, bnk;
+    Dims(const core::Problem& p, Tiles t)
+        : dk(round_up(p.head_dim, kK)), dn(round_up(p.head_dim, 16)), dvk(round_up(p.head_dim_v, kK)),
+          dvn(round_up(p.head_dim_v, 16)), bmp(round_up(t.bm, 16)), bmk(round_up(t.bm, kK)),
+          bnp(round_up(t.bn, 16)), bnk(round_up(t.bn, kK)) {}
+    // bf16 elements of one key block's packed K^T and V, one query block's packed Q and dO.
+    int64_t kv_block() const { return round_up(dk / 2 * 2 * bnp, 32) + round_up(bnk / 2 * 2 * dvn, 32); }
+    int64_t q_block() const {
+      return round_up(bmp * dk, 32) + round_up(bmk / 2 * 2 * dn, 32) + round_up(bmp * dvk, 32) +
+             round_up(bmk / 2 * 2 * dvn, 32);
+    }
+  };
+
+  // --- Forward -------------------------------------------------------------------------------------
+
+  static size_t forward_shared_bytes(const core::Problem& p, Tiles t) {
+    return static_cast<size_t>(p.batch * p.heads_kv * round_up(p.seqlen_k, t.bn) / t.bn * Dims(p, t).kv_block()) *
+           sizeof(bf16);
+  }
+  static int64_t forward_prepare_items(const ForwardJob& job) {
+    return job.p->batch * job.p->heads_kv * job.kv_blocks;
+  }
+  static bf16* kv_block(const ForwardJob& job, const Dims& z, int64_t b, int64_t hk, int64_t jb) {
+    return reinterpret_cast<bf16*>(job.shared) + ((b * job.p->heads_kv + hk) * job.kv_blocks + jb) * z.kv_block();
+  }
+  // Packs key block `item` = (b, hk, jb): ktb = K^T (k = d), vb = V (k = key).
+  static void forward_prepare(const ForwardJob& job, int64_t item) {
+    const core::Problem& p = *job.p;
+    const Dims z(p, job.tiles);
+    const int64_t bhk = item / job.kv_blocks, jb = item % job.kv_blocks;
+    const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
+    const int64_t j0 = jb * job.tiles.bn, cols = min64(p.seqlen_k, j0 + job.tiles.bn) - j0;
+    bf16* ktb = kv_block(job, z, b, hk, jb);
+    bf16* vb = ktb + round_up(z.dk / 2 * 2 * z.bnp, 32);
+    PackBf16::vnni_t(row_ptr<const T>(p.k, b, hk, j0), p.k.ss, cols, p.head_dim, ktb, 2 * z.bnp, z.dk, z.bnp);
+    PackBf16::vnni(row_ptr<const T>(p.v, b, hk, j0), p.v.ss, cols, p.head_dim_v, vb, 2 * z.dvn, z.bnk, z.dvn);
+  }
+
+  // Per-thread scratch of the forward: qa [BMp][Dk] bf16, s [BMp][BNp] f32, pa, pa_lo [BMp][BNk] bf16
+  // (P as hi + lo), oacc [BMp][Dvn] f32, m, l, alpha [BMp] f32.
+  struct ForwardScratch {
+    Dims z;
+    bf16 *qa, *pa, *pa_lo;
+    float *s, *oacc, *m, *l, *alpha;
+    ForwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) : z(p, t) {
+      Carver c{base};
+      qa = c.take<bf16>(z.bmp * z.dk);
+      pa = c.take<bf16>(z.bmp * z.bnk);
+      pa_lo = c.take<bf16>(z.bmp * z.bnk);
+      s = c.floats(z.bmp * z.bnp);
+      oacc = c.floats(z.bmp * z.dvn);
+      m = c.floats(z.bmp);
+      l = c.floats(z.bmp);
+      alpha = c.floats(z.bmp);
+      if (bytes) *bytes = c.used;
+    }
+  };
+  static size_t forward_scratch_bytes(const core::Problem& p, Tiles t) {
+    int64_t bytes = 0;
+    ForwardScratch(p, t, nullptr, &bytes);
+    return static_cast<size_t>(bytes);
+  }
+
+  class Forward {
+   public:
+    Forward(const ForwardJob& job, char* scratch) : job_(job), p_(*job.p), s_(p_, job.tiles, scratch) {}
+
+    void begin(int64_t b, int64_t h, int64_t i0, int64_t rows) {
+      PackBf16::rows(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, s_.qa, s_.z.dk, s_.z.bmp);
+      fill(s_.m, s_.z.bmp, -kInf);
+      fill(s_.l, s_.z.bmp, 0.0f);
+      rows_ = rows;
+    }
+
+    void add(int64_t b, int64_t hk, int64_t j0, int64_t cols, const Mask* mask, bool first) {
+      const Dims& z = s_.z;
+      const bf16* ktb = kv_block(job_, z, b, hk, j0 / job_.tiles.bn);
+      const bf16* vb = ktb + round_up(z.dk / 2 * 2 * z.bnp, 32);
+      // s [rows][cols] = Q K^T (unscaled)
+      BMicro::gemm(rows_, cols, z.dk, s_.qa, nullptr, z.dk, ktb, 2 * z.bnp, s_.s, z.bnp, false, nullptr);
+      softmax_rows(cols, mask);
+      // oacc [rows][Dv] = alpha oacc + P V
+      BMicro::gemm(rows_, p_.head_dim_v, round_up(cols, kK), s_.pa, s_.pa_lo, z.bnk, vb, 2 * z.dvn, s_.oacc, z.dvn,
+                   !first, first ? nullptr : s_.alpha);
+    }
+
+    void finish(int64_t b, int64_t h, int64_t i0, int64_t rows) {
+      T* o = row_ptr<T>(p_.o, b, h, i0);
+      float* lse = p_.lse.data + b * p_.lse.sb + h * p_.lse.sh + i0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float inv = s_.l[r] > 0 ? 1.0f / s_.l[r] : 0.0f; // l = 0: no key, O = 0
+        store_row(s_.oacc + r * s_.z.dvn, p_.head_dim_v, inv, o + r * p_.o.ss);
+        lse[r] = s_.l[r] > 0 ? (s_.m[r] + __builtin_log2f(s_.l[r])) * kLn2 : -kInf;
+      }
+    }
+
+   private:
+    // One online-softmax step on the rows of s (log2 units after scaling): m, l, alpha updated, and
+    // P = exp2(S * scale * log2(e) - m) written to pa + pa_lo (zero beyond cols up to BNk). A row
+    // that has seen no visible key yet keeps m = -inf and gets P = 0.
+    void softmax_rows(int64_t cols, const Mask* mask) {
+      const Dims& z = s_.z;
+      const __m512 mul = _mm512_set1_ps(p_.scale * kLog2e), neg_inf = _mm512_set1_ps(-kInf);
+      for (int64_t r = 0; r < rows_; ++r) {
+        const float* srow = s_.s + r * z.bnp;
+        auto logits = [&](int64_t c0) {
+          const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(PackBf16::first16(cols - c0), srow + c0), mul);
+          const __mmask16 in = PackBf16::first16(cols - c0) &
+                               (mask ? V512::in_band(static_cast<int32_t>(c0 - r), 1, mask->lo, mask->hi) : 0xFFFF);
+          return _mm512_mask_blend_ps(in, neg_inf, x);
+        };
+        __m512 mx = neg_inf;
+        for (int64_t c0 = 0; c0 < cols; c0 += 16) mx = _mm512_max_ps(mx, logits(c0));
+        const float m_old = s_.m[r];
+        const float row_max = _mm512_reduce_max_ps(mx);
+        const float m_new = row_max > m_old ? row_max : m_old;
+        const float ref = m_new == -kInf ? 0.0f : m_new;
+        const __m512 vref = _mm512_set1_ps(ref);
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t c0 = 0; c0 < z.bnk; c0 += 16) {
+          const __m512 pr = c0 < cols ? V512::exp2(_mm512_sub_ps(logits(c0), vref)) : _mm512_setzero_ps();
+          sum = _mm512_add_ps(sum, pr);
+          PackBf16::split(pr, s_.pa + r * z.bnk + c0, s_.pa_lo + r * z.bnk + c0, z.bnk - c0);
+        }
+        const float alpha = V512::exp2(_mm512_set1_ps(m_old - ref))[0];
+        s_.alpha[r] = alpha;
+        s_.l[r] = s_.l[r] * alpha + _mm512_reduce_add_ps(sum);
+        s_.m[r] = m_new;
+      }
+    }
+
+    const ForwardJob& job_;
+    const core::Problem& p_;
+    ForwardScratch s_;
+    int64_t rows_ = 0;
+  };
+
+  // --- Backward ------------------------------------------------------------------------------------
+
+  static size_t backward_shared_bytes(const core::Problem& p, Tiles t) {
+    return static_cast<size_t>(p.batch * p.heads_q * round_up(p.seqlen_q, t.bm) / t.bm * Dims(p, t).q_block()) *
+           sizeof(bf16);
+  }
+  static int64_t backward_prepare_items(const BackwardJob& job) {
+    return job.p->batch * job.p->heads_q * job.q_blocks;
+  }
+  struct QBlock {
+    const bf16 *qa, *qb, *doa, *dob;
+  };
+  static QBlock q_block(const BackwardJob& job, const Dims& z, int64_t bh, int64_t ib) {
+    const bf16* base = reinterpret_cast<const bf16*>(job.shared) + (bh * job.q_blocks + ib) * z.q_block();
+    QBlock q;
+    q.qa = base;
+    q.qb = q.qa + round_up(z.bmp * z.dk, 32);
+    q.doa = q.qb + round_up(z.bmk / 2 * 2 * z.dn, 32);
+    q.dob = q.doa + round_up(z.bmp * z.dvk, 32);
+    return q;
+  }
+  // Packs query block `item` = (b, h, ib): Q and dO as A operands (k = d) and as B operands (k = row).
+  static void backward_prepare(const BackwardJob& job, int64_t item) {
+    const core::Problem& p = *job.p;
+    const Dims z(p, job.tiles);
+    const int64_t bh = item / job.q_blocks, ib = item % job.q_blocks;
+    const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
+    const int64_t i0 = ib * job.tiles.bm, rows = min64(p.seqlen_q, i0 + job.tiles.bm) - i0;
+    const QBlock q = q_block(job, z, bh, ib);
+    const T* qsrc = row_ptr<const T>(p.q, b, h, i0);
+    const T* dsrc = row_ptr<const T>(p.dout, b, h, i0);
+    PackBf16::rows(qsrc, p.q.ss, rows, p.head_dim, const_cast<bf16*>(q.qa), z.dk, z.bmp);
+    PackBf16::vnni(qsrc, p.q.ss, rows, p.head_dim, const_cast<bf16*>(q.qb), 2 * z.dn, z.bmk, z.dn);
+    PackBf16::rows(dsrc, p.dout.ss, rows, p.head_dim_v, const_cast<bf16*>(q.doa), z.dvk, z.bmp);
+    PackBf16::vnni(dsrc, p.dout.ss, rows, p.head_dim_v, const_cast<bf16*>(q.dob), 2 * z.dvn, z.bmk, z.dvn);
+  }
+
+  // Per-thread scratch of the backward:
+  //   ktb [Dk/2][2 BNp], vtb [Dvk/2][2 BNp], kb [BNk/2][2 Dn]   the key block as B operands
+  //   s, dp [BMp][BNp] f32                                      S then P; dP then dS
+  //   pta [BNp][BMk], dsta [BNp][BMk], dsa [BMp][BNk] bf16     P^T, dS^T, dS as A operands (hi), and
+  //   pta_lo, dsta_lo, dsa_lo likewise                          (lo)
+  //   dk [BNp][Dn], dv [BNp][Dvn] f32                           the key block's accumulators
+  struct BackwardScratch {
+    Dims z;
+    bf16 *ktb, *vtb, *kb, *pta, *dsta, *dsa, *pta_lo, *dsta_lo, *dsa_lo;
+    float *s, *dp, *dk, *dv;
+    BackwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) : z(p, t) {
+      Carver c{base};
+      ktb = c.take<bf16>(z.dk * z.bnp);
+      vtb = c.take<bf16>(z.dvk * z.bnp);
+      kb = c.take<bf16>(z.bnk * z.dn);
+      pta = c.take<bf16>(z.bnp * z.bmk);
+      dsta = c.take<bf16>(z.bnp * z.bmk);
+      dsa = c.take<bf16>(z.bmp * z.bnk);
+      pta_lo = c.take<bf16>(z.bnp * z.bmk);
+      dsta_lo = c.take<bf16>(z.bnp * z.bmk);
+      dsa_lo = c.take<bf16>(z.bmp * z.bnk);
+      s = c.floats(z.bmp * z.bnp);
+      dp = c.floats(z.bmp * z.bnp);
+      dk = c.floats(z.bnp * z.dn);
+      dv = c.floats(z.bnp * z.dvn);
+      if (bytes) *bytes = c.used;
+    }
+  };
+  static size_t backward_scratch_bytes(const core::Problem& p, Tiles t) {
+    int64_t bytes = 0;
+    BackwardScratch(p, t, nullptr, &bytes);
+    return static_cast<size_t>(bytes);
+  }
+
+  class Backward {
+   public:
+    Backward(const BackwardJob& job, char* scratch) : job_(job), p_(*job.p), s_(p_, job.tiles, scratch) {}
+
+    void begin(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
+      const Dims& z = s_.z;
+      const T* k = row_ptr<const T>(p_.k, b, hk, j0);
+      const T* v = row_ptr<const T>(p_.v, b, hk, j0);
+      cols_ = cols;
+      need_ds_ = job_.need_dk || job_.need_dq;
+      PackBf16::vnni_t(k, p_.k.ss, cols, p_.head_dim, s_.ktb, 2 * z.bnp, z.dk, z.bnp);
+      if (need_ds_) PackBf16::vnni_t(v, p_.v.ss, cols, p_.head_dim_v, s_.vtb, 2 * z.bnp, z.dvk, z.bnp);
+      if (job_.need_dq) PackBf16::vnni(k, p_.k.ss, cols, p_.head_dim, s_.kb, 2 * z.dn, z.bnk, z.dn);
+      if (job_.need_dk) fill(s_.dk, cols * z.dn, 0.0f);
+      if (job_.need_dv) fill(s_.dv, cols * z.dvn, 0.0f);
+    }
+
+    void add(int64_t b, int64_t h, int64_t i0, int64_t rows, const Mask* mask) {
+      const Dims& z = s_.z;
+      const int64_t bh = b * p_.heads_q + h, row0 = bh * p_.seqlen_q + i0, cols = cols_;
+      const QBlock q = q_block(job_, z, bh, i0 / job_.tiles.bm);
+      const int64_t rk = round_up(rows, kK);
+      rows_ = rows;
+      // s [rows][cols] = Q K^T, then P = exp2(S * scale * log2(e) - lse2), 0 where masked
+      BMicro::gemm(rows, cols, z.dk, q.qa, nullptr, z.dk, s_.ktb, 2 * z.bnp, s_.s, z.bnp, false, nullptr);
+      F::probs(s_.s, z.bnp, rows, cols, p_.scale * kLog2e, job_.lse2 + row0, mask);
+      // dv [cols][Dv] += P^T dO
+      if (job_.need_dv) {
+        PackBf16::split_f32_t(s_.s, z.bnp, rows, cols, s_.pta, s_.pta_lo, z.bmk, z.bnp);
+        BMicro::gemm(cols, p_.head_dim_v, rk, s_.pta, s_.pta_lo, z.bmk, q.dob, 2 * z.dvn, s_.dv, z.dvn, true, nullptr);
+      }
+      if (!need_ds_) return;
+      // dp [rows][cols] = dO V^T, then dS = P (dP - delta) * scale
+      BMicro::gemm(rows, cols, z.dvk, q.doa, nullptr, z.dvk, s_.vtb, 2 * z.bnp, s_.dp, z.bnp, false, nullptr);
+      F::dscores(s_.s, s_.dp, z.bnp, rows, cols, job_.delta + row0, p_.scale);
+      // dk [cols][D] += dS^T Q
+      if (job_.need_dk) {
+        PackBf16::split_f32_t(s_.dp, z.bnp, rows, cols, s_.dsta, s_.dsta_lo, z.bmk, z.bnp);
+        BMicro::gemm(cols, p_.head_dim, rk, s_.dsta, s_.dsta_lo, z.bmk, q.qb, 2 * z.dn, s_.dk, z.dn, true, nullptr);
+      }
+      if (job_.need_dq) PackBf16::split_f32(s_.dp, z.bnp, rows, cols, s_.dsa, s_.dsa_lo, z.bnk, z.bmp);
+    }
+
+    // dq [rows][D] += dS K for the last add().
+    void add_dq(float* dq, int64_t ld) {
+      const Dims& z = s_.z;
+      BMicro::gemm(rows_, p_.head_dim, round_up(cols_, kK), s_.dsa, s_.dsa_lo, z.bnk, s_.kb, 2 * z.dn, dq, ld, true,
+                   nullptr);
+    }
+
+    void finish(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
+      for (int64_t c = 0; c < cols; ++c) {
+        if (job_.need_dk) store_row(s_.dk + c * s_.z.dn, p_.head_dim, 1.0f, row_ptr<T>(p_.dk, b, hk, j0 + c));
+        if (job_.need_dv) store_row(s_.dv + c * s_.z.dvn, p_.head_dim_v, 1.0f, row_ptr<T>(p_.dv, b, hk, j0 + c));
+      }
+    }
+
+   private:
+    const BackwardJob& job_;
+    const core::Problem& p_;
+    BackwardScratch s_;
+    bool need_ds_ = false;
+    int64_t cols_ = 0, rows_ = 0;
+  };
+};
+
+} // namespace
+} // namespace flashback::cpu

@@ -1,0 +1,299 @@
+// Tile math in f32 over an ISA's microkernels (`Micro`: gemm, pack_t, load_rows, softmax_t, probs,
+// dscores, dot; see scalar/kernels.cpp). Storage T is float, bf16 or f16. f32 operands are read in
+// place; half-precision K, V (forward) and Q, dO (backward) are converted to f32 once per call, in the
+// prepare phase, into the shared workspace (B Hk Sk (D + Dv) or B Hq Sq (D + Dv) floats, rows padded),
+// since every block of them is used by many tiles. Every output is rounded once from its f32 total.
+//
+// Forward: the scores are computed transposed, S^T = K Q^T [BN keys][BM rows], so Q is packed once per
+// query block and K, V are read in place; the softmax then runs across rows in SIMD lanes.
+// Backward: K^T and V^T are packed once per key block; S, dP, dS are [BM rows][BN keys].
+#pragma once
+
+#include "cpu/attention.h"
+#include "cpu/blocks.h"
+
+namespace flashback::cpu {
+namespace {
+
+// `rows` rows of `cols` elements as f32: f32 data in place, half precision converted into `scratch`.
+template <class Micro, class T>
+const float* as_f32(const T* src, int64_t ld, int64_t rows, int64_t cols, float* scratch, int64_t scratch_ld,
+                    int64_t* ld_out) {
+  if constexpr (kIsF32<T>) {
+    *ld_out = ld;
+    return src;
+  } else {
+    Micro::load_rows(src, ld, rows, cols, scratch, scratch_ld);
+    *ld_out = scratch_ld;
+    return scratch;
+  }
+}
+
+template <class Micro, class Storage>
+struct MathF32 {
+  using T = Storage;
+  static constexpr Isa isa = Micro::isa;
+  static constexpr bool kConvert = !kIsF32<T>; // half precision: operands converted once per call
+
+  static Tiles tiles(const core::Problem& p, bool backward) { return Micro::tiles(p, backward); }
+  static float dot(const T* a, const T* b, int64_t n) { return Micro::dot(a, b, n); }
+
+  // One block of `rows` rows of the f32 copies in the shared workspace: [rows][Dp] then [rows][Dvp].
+  static int64_t block_floats(const core::Problem& p, int64_t rows) {
+    return rows * (round_up(p.head_dim, kLanes) + round_up(p.head_dim_v, kLanes));
+  }
+  // The f32 copy of block `index` (of `rows` rows): the first operand ([rows][Dp]) and the second.
+  static float* converted(char* shared, const core::Problem& p, int64_t rows, int64_t index, float** second) {
+    float* first = reinterpret_cast<float*>(shared) + index * block_floats(p, rows);
+    *second = first + rows * round_up(p.head_dim, kLanes);
+    return first;
+  }
+  static void convert(const T* a, int64_t lda, int64_t da, const T* b, int64_t ldb, int64_t db, int64_t rows,
+                      float* fa, float* fb) {
+    Micro::load_rows(a, lda, rows, da, fa, round_up(da, kLanes));
+    Micro::load_rows(b, ldb, rows, db, fb, round_up(db, kLanes));
+  }
+
+  static size_t forward_shared_bytes(const core::Problem& p, Tiles t) {
+    if (!kConvert) return 0;
+    return static_cast<size_t>(p.batch * p.heads_kv * round_up(p.seqlen_k, t.bn) / t.bn * block_floats(p, t.bn)) *
+           sizeof(float);
+  }
+  static int64_t forward_prepare_items(const ForwardJob& job) {
+    return kConvert ? job.p->batch * job.p->heads_kv * job.kv_blocks : 0;
+  }
+  // Key block `item` = (b, hk, jb) of K and V in f32.
+  static void forward_prepare(const ForwardJob& job, int64_t item) {
+    const core::Problem& p = *job.p;
+    const int64_t bhk = item / job.kv_blocks, jb = item % job.kv_blocks;
+    const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
+    const int64_t j0 = jb * job.tiles.bn, cols = min64(p.seqlen_k, j0 + job.tiles.bn) - j0;
+    float* vf;
+    float* kf = converted(job.shared, p, job.tiles.bn, item, &vf);
+    convert(row_ptr<const T>(p.k, b, hk, j0), p.k.ss, p.head_dim, row_ptr<const T>(p.v, b, hk, j0), p.v.ss,
+            p.head_dim_v, cols, kf, vf);
+  }
+
+  static size_t backward_shared_bytes(const core::Problem& p, Tiles t) {
+    if (!kConvert) return 0;
+    return static_cast<size_t>(p.batch * p.heads_q * round_up(p.seqlen_q, t.bm) / t.bm * block_floats(p, t.bm)) *
+           sizeof(float);
+  }
+  static int64_t backward_prepare_items(const BackwardJob& job) {
+    return kConvert ? job.p->batch * job.p->heads_q * job.q_blocks : 0;
+  }
+  // Query block `item` = (b, h, ib) of Q and dO in f32.
+  static void backward_prepare(const BackwardJob& job, int64_t item) {
+    const core::Problem& p = *job.p;
+    const int64_t bh = item / job.q_blocks, ib = item % job.q_blocks;
+    const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
+    const int64_t i0 = ib * job.tiles.bm, rows = min64(p.seqlen_q, i0 + job.tiles.bm) - i0;
+    float* dof;
+    float* qf = converted(job.shared, p, job.tiles.bm, item, &dof);
+    convert(row_ptr<const T>(p.q, b, h, i0), p.q.ss, p.head_dim, row_ptr<const T>(p.dout, b, h, i0), p.dout.ss,
+            p.head_dim_v, rows, qf, dof);
+  }
+
+  // Per-thread scratch of the forward, in floats:
+  //   qt    [D][BMp]    Q^T of the block, scaled by scale * log2(e)
+  //   st    [BN][BMp]   S^T, then P^T, of one tile
+  //   oacc  [BMp][Dvp]  unnormalized output rows
+  //   m, l, alpha [BMp] running max (log2 units), running sum, rescale factor of this tile
+  struct ForwardScratch {
+    int64_t bmp, dp, dvp;
+    float *qt, *st, *oacc, *m, *l, *alpha;
+
+    ForwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) {
+      bmp = round_up(t.bm, kLanes);
+      dp = round_up(p.head_dim, kLanes);
+      dvp = round_up(p.head_dim_v, kLanes);
+      Carver c{base};
+      qt = c.floats(p.head_dim * bmp);
+      st = c.floats(t.bn * bmp);
+      oacc = c.floats(bmp * dvp);
+      m = c.floats(bmp);
+      l = c.floats(bmp);
+      alpha = c.floats(bmp);
+      if (bytes) *bytes = c.used;
+    }
+  };
+
+  static size_t forward_scratch_bytes(const core::Problem& p, Tiles t) {
+    int64_t bytes = 0;
+    ForwardScratch(p, t, nullptr, &bytes);
+    return static_cast<size_t>(bytes);
+  }
+
+  class Forward {
+   public:
+    Forward(const ForwardJob& job, char* scratch) : job_(job), p_(*job.p), t_(job.tiles), s_(p_, t_, scratch) {}
+
+    // A query block: qt [D][BMp] = (Q rows)^T * scale * log2(e); rows >= `rows` are zero.
+    void begin(int64_t b, int64_t h, int64_t i0, int64_t rows) {
+      Micro::pack_t(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, p_.scale * kLog2e, s_.qt, s_.bmp,
+                    s_.bmp);
+      fill(s_.m, s_.bmp, -kInf);
+      fill(s_.l, s_.bmp, 0.0f);
+      rows_ = rows;
+    }
+
+    // A key block: S^T, an online-softmax step, O = alpha O + P V.
+    void add(int64_t b, int64_t hk, int64_t j0, int64_t cols, const Mask* mask, bool first) {
+      const int64_t d = p_.head_dim, dv = p_.head_dim_v;
+      const float *k, *v;
+      int64_t ldk, ldv;
+      if constexpr (kConvert) {
+        float* vf;
+        k = converted(job_.shared, p_, t_.bn, (b * p_.heads_kv + hk) * job_.kv_blocks + j0 / t_.bn, &vf);
+        v = vf;
+        ldk = s_.dp;
+        ldv = s_.dvp;
+      } else {
+        k = row_ptr<const T>(p_.k, b, hk, j0);
+        v = row_ptr<const T>(p_.v, b, hk, j0);
+        ldk = p_.k.ss;
+        ldv = p_.v.ss;
+      }
+      // st [cols][BMp] = K Q^T, in log2 units
+      Micro::gemm(cols, s_.bmp, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, false, nullptr);
+      Micro::softmax_t(s_.st, s_.bmp, s_.bmp, cols, mask, s_.m, s_.l, s_.alpha);
+      // oacc [rows][Dv] = alpha * oacc + P V   (P(r, c) = st[c][r])
+      Micro::gemm(rows_, dv, cols, s_.st, 1, s_.bmp, v, ldv, s_.oacc, s_.dvp, !first, first ? nullptr : s_.alpha);
+    }
+
+    void finish(int64_t b, int64_t h, int64_t i0, int64_t rows) {
+      T* o = row_ptr<T>(p_.o, b, h, i0);
+      float* lse = p_.lse.data + b * p_.lse.sb + h * p_.lse.sh + i0;
+      for (int64_t r = 0; r < rows; ++r) {
+        // l = 0: this row sees no key; its zero accumulator gives O = 0.
+        const float inv = s_.l[r] > 0 ? 1.0f / s_.l[r] : 0.0f;
+        store_row(s_.oacc + r * s_.dvp, p_.head_dim_v, inv, o + r * p_.o.ss);
+        lse[r] = s_.l[r] > 0 ? (s_.m[r] + __builtin_log2f(s_.l[r])) * kLn2 : -kInf;
+      }
+    }
+
+   private:
+    const ForwardJob& job_;
+    const core::Problem& p_;
+    Tiles t_;
+    ForwardScratch s_;
+    int64_t rows_ = 0;
+  };
+
+  // Per-thread scratch of the backward, in floats:
+  //   kt [D][BNp], vt [Dv][BNp]   K^T and V^T of the key block
+  //   s  [BM][BNp]                S, then P
+  //   ds [BM][BNp]                dP, then dS (scale folded in)
+  //   dk [BN][Dp], dv [BN][Dvp]   the key block's gradient accumulators
+  //   kf [BN][Dp]                 K in f32 for dQ (half precision only)
+  struct BackwardScratch {
+    int64_t bnp, dp, dvp;
+    float *kt, *vt, *s, *ds, *dk, *dv, *kf;
+
+    BackwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) {
+      bnp = round_up(t.bn, kLanes);
+      dp = round_up(p.head_dim, kLanes);
+      dvp = round_up(p.head_dim_v, kLanes);
+      Carver c{base};
+      kt = c.floats(p.head_dim * bnp);
+      vt = c.floats(p.head_dim_v * bnp);
+      s = c.floats(t.bm * bnp);
+      ds = c.floats(t.bm * bnp);
+      dk = c.floats(t.bn * dp);
+      dv = c.floats(t.bn * dvp);
+      kf = kConvert ? c.floats(t.bn * dp) : nullptr;
+      if (bytes) *bytes = c.used;
+    }
+  };
+
+  static size_t backward_scratch_bytes(const core::Problem& p, Tiles t) {
+    int64_t bytes = 0;
+    BackwardScratch(p, t, nullptr, &bytes);
+    return static_cast<size_t>(bytes);
+  }
+
+  class Backward {
+   public:
+    Backward(const BackwardJob& job, char* scratch) : job_(job), p_(*job.p), t_(job.tiles), s_(p_, t_, scratch) {}
+
+    // A key block: K^T, V^T (and K in f32 for dQ) packed; the accumulators zeroed.
+    void begin(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
+      const T* k = row_ptr<const T>(p_.k, b, hk, j0);
+      const T* v = row_ptr<const T>(p_.v, b, hk, j0);
+      need_ds_ = job_.need_dk || job_.need_dq;
+      cols_ = cols;
+      Micro::pack_t(k, p_.k.ss, cols, p_.head_dim, 1.0f, s_.kt, s_.bnp, s_.bnp);
+      if (need_ds_) Micro::pack_t(v, p_.v.ss, cols, p_.head_dim_v, 1.0f, s_.vt, s_.bnp, s_.bnp);
+      if (job_.need_dq) kf_ = as_f32<Micro>(k, p_.k.ss, cols, p_.head_dim, s_.kf, s_.dp, &ldk_);
+      if (job_.need_dk) fill(s_.dk, cols * s_.dp, 0.0f);
+      if (job_.need_dv) fill(s_.dv, cols * s_.dvp, 0.0f);
+    }
+
+    // A query block of head h: S, P, dV, dP, dS, dK.
+    void add(int64_t b, int64_t h, int64_t i0, int64_t rows, const Mask* mask) {
+      const int64_t d = p_.head_dim, dv = p_.head_dim_v, cols = cols_;
+      const int64_t row0 = (b * p_.heads_q + h) * p_.seqlen_q + i0;
+      const float *q, *dout;
+      int64_t ldq, lddo;
+      if constexpr (kConvert) {
+        float* dof;
+        q = converted(job_.shared, p_, t_.bm, (b * p_.heads_q + h) * job_.q_blocks + i0 / t_.bm, &dof);
+        dout = dof;
+        ldq = s_.dp;
+        lddo = s_.dvp;
+      } else {
+        q = row_ptr<const T>(p_.q, b, h, i0);
+        dout = row_ptr<const T>(p_.dout, b, h, i0);
+        ldq = p_.q.ss;
+        lddo = p_.dout.ss;
+      }
+      rows_ = rows;
+      // s [rows][cols] = Q K^T, then P = exp2(S * scale * log2(e) - lse2), 0 where masked
+      Micro::gemm(rows, cols, d, q, ldq, 1, s_.kt, s_.bnp, s_.s, s_.bnp, false, nullptr);
+      Micro::probs(s_.s, s_.bnp, rows, cols, p_.scale * kLog2e, job_.lse2 + row0, mask);
+      // dv [cols][Dv] += P^T dO
+      if (job_.need_dv) Micro::gemm(cols, dv, rows, s_.s, 1, s_.bnp, dout, lddo, s_.dv, s_.dvp, true, nullptr);
+      if (!need_ds_) return;
+      // ds [rows][cols] = dO V^T, then dS = P (dP - delta) * scale
+      Micro::gemm(rows, cols, dv, dout, lddo, 1, s_.vt, s_.bnp, s_.ds, s_.bnp, false, nullptr);
+      Micro::dscores(s_.s, s_.ds, s_.bnp, rows, cols, job_.delta + row0, p_.scale);
+      // dk [cols][D] += dS^T Q
+      if (job_.need_dk) Micro::gemm(cols, d, rows, s_.ds, 1, s_.bnp, q, ldq, s_.dk, s_.dp, true, nullptr);
+    }
+
+    // dq [rows][D] += dS K for the last add().
+    void add_dq(float* dq, int64_t ld) {
+      Micro::gemm(rows_, p_.head_dim, cols_, s_.ds, s_.bnp, 1, kf_, ldk_, dq, ld, true, nullptr);
+    }
+
+    void finish(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
+      for (int64_t c = 0; c < cols; ++c) {
+        if (job_.need_dk) store_row(s_.dk + c * s_.dp, p_.head_dim, 1.0f, row_ptr<T>(p_.dk, b, hk, j0 + c));
+        if (job_.need_dv) store_row(s_.dv + c * s_.dvp, p_.head_dim_v, 1.0f, row_ptr<T>(p_.dv, b, hk, j0 + c));
+      }
+    }
+
+   private:
+    const BackwardJob& job_;
+    const core::Problem& p_;
+    Tiles t_;
+    BackwardScratch s_;
+    bool need_ds_ = false;
+    int64_t cols_ = 0, rows_ = 0, ldk_ = 0;
+    const float* kf_ = nullptr;
+  };
+};
+
+// The kernel set of an ISA for each storage type, over its f32 microkernels.
+template <class Micro>
+const KernelSet& f32_kernel_set(core::DType dtype) {
+  switch (dtype) {
+    case core::DType::bf16: return kernel_set_of<MathF32<Micro, bf16>>();
+    case core::DType::f16: return kernel_set_of<MathF32<Micro, f16>>();
+    case core::DType::f32: break;
+  }
+  return kernel_set_of<MathF32<Micro, float>>();
+}
+
+} // namespace
+} // namespace flashback::cpu
