@@ -53,17 +53,18 @@ std::string seed_note() {
 
 std::optional<std::string> isa_skip_reason() {
   using flashback::cpu::Isa;
+  const char* emulation = std::getenv("FLASHBACK_AMX_EMULATION");
+  if (emulation && std::string(emulation) == "1" && flashback::cpu::active_isa() != Isa::amx)
+    return std::string("FLASHBACK_AMX_EMULATION=1 needs AVX512_BF16 without AMX (or real AMX); this machine runs ") +
+           fb_cpu_isa();
   const char* env = std::getenv("FLASHBACK_ISA");
   if (env == nullptr || *env == '\0') return std::nullopt;
-  Isa requested, running;
+  Isa requested;
   if (!flashback::cpu::parse_isa(env, &requested)) {
-    ADD_FAILURE() << "FLASHBACK_ISA=" << env << " names no instruction set (scalar, avx2, avx512, amx)";
+    ADD_FAILURE() << "FLASHBACK_ISA=" << env << " names no instruction set (scalar, avx2, avx512, avx512bf16, amx)";
     return std::nullopt;
   }
-  if (!flashback::cpu::parse_isa(fb_cpu_isa(), &running)) {
-    ADD_FAILURE() << "fb_cpu_isa() returned an unknown name: " << fb_cpu_isa();
-    return std::nullopt;
-  }
+  const Isa running = flashback::cpu::active_isa();
   if (running > requested) {
     ADD_FAILURE() << "FLASHBACK_ISA=" << env << " did not cap the instruction set: fb_cpu_isa() = " << fb_cpu_isa();
     return std::nullopt;

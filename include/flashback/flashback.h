@@ -128,6 +128,10 @@ FB_API fb_status fb_backward(const fb_tensor* dout, const fb_tensor* q, const fb
                              const fb_tensor* dv, const fb_tensor* delta, const fb_params* params,
                              void* workspace, size_t workspace_bytes);
 
+/* The thread count a call with params.num_threads == 0 uses: FLASHBACK_NUM_THREADS (read once), else
+ * OpenMP's default (omp_get_max_threads in the calling thread). */
+FB_API int fb_default_num_threads(void);
+
 /* The message of the last failed call in this thread ("" after a success). Valid until the next
  * flashback call in this thread. */
 FB_API const char* fb_last_error(void);

@@ -157,6 +157,7 @@ inline void backward(const TensorView& dout, const TensorView& q, const TensorVi
 }
 
 inline std::string cpu_isa() { return fb_cpu_isa(); }
+inline int default_num_threads() { return fb_default_num_threads(); }
 inline std::string version() { return fb_version(); }
 
 } // namespace flashback

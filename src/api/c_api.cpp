@@ -138,6 +138,8 @@ fb_status fb_backward(const fb_tensor* dout, const fb_tensor* q, const fb_tensor
   });
 }
 
+int fb_default_num_threads(void) { return flashback::cpu::default_threads(); }
+
 const char* fb_last_error(void) { return g_last_error.c_str(); }
 
 const char* fb_status_name(fb_status status) {

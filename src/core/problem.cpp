@@ -237,6 +237,8 @@ void read_params(const fb_params* params, Problem& p) {
             params->struct_size);
   if (params->softcap != 0.0f) unsupported("params.softcap: soft-capping is not supported yet; expected 0, got ", params->softcap);
   if (params->dropout_p != 0.0f) unsupported("params.dropout_p: dropout is not supported yet; expected 0, got ", params->dropout_p);
+  if (params->dropout_seed != 0)
+    unsupported("params.dropout_seed: dropout is not supported yet; expected 0, got ", params->dropout_seed);
   if (params->alibi_slopes) unsupported("params.alibi_slopes: ALiBi is not supported yet; expected NULL");
   if (params->bias) unsupported("params.bias: an additive bias is not supported yet; expected NULL");
   if (params->bias_grad) unsupported("params.bias_grad: bias gradients are not supported yet; expected NULL");

@@ -122,8 +122,7 @@ const KernelSet& kernels_for(Isa isa, core::DType dtype) {
   return kernels_scalar(dtype);
 }
 
-int resolve_threads(const core::Problem& p) {
-  if (p.num_threads > 0) return p.num_threads;
+int default_threads() {
   static const int from_env = [] {
     const char* env = std::getenv("FLASHBACK_NUM_THREADS");
     const int n = env ? std::atoi(env) : 0;
@@ -131,6 +130,8 @@ int resolve_threads(const core::Problem& p) {
   }();
   return from_env > 0 ? from_env : std::max(1, omp_get_max_threads());
 }
+
+int resolve_threads(const core::Problem& p) { return p.num_threads > 0 ? p.num_threads : default_threads(); }
 
 size_t forward_workspace_bytes(const core::Problem& p) { return forward_layout(p, active_kernels(p)).total(); }
 

@@ -7,8 +7,10 @@
 
 namespace flashback::cpu {
 
-// The thread count a call uses: params.num_threads, else FLASHBACK_NUM_THREADS, else OpenMP's default.
+// The thread count a call uses: params.num_threads, else default_threads().
 int resolve_threads(const core::Problem& p);
+// FLASHBACK_NUM_THREADS (read once), else OpenMP's default.
+int default_threads();
 
 size_t forward_workspace_bytes(const core::Problem& p);
 size_t backward_workspace_bytes(const core::Problem& p);
