@@ -14,6 +14,7 @@
 #include "blas_baseline.h"
 #include "ceiling.h"
 #include "flashback/flashback.hpp"
+#include "safetensors.h" // f32_to_bf16, f32_to_f16
 
 namespace {
 
@@ -22,10 +23,11 @@ struct Case {
   int64_t batch, heads, seqlen, head_dim;
   bool causal;
   bool with_blas; // also run the BLAS baseline on this shape
+  flashback::DType dtype = flashback::DType::f32;
 };
 
 // Issue 3's shapes: the targets (B=1, Hq=Hk=16, S=4096), causal, the scaling step to 8192, and a
-// small-problem shape.
+// small-problem shape. Issue 4's: bf16 and f16 at the target shape.
 const Case kCases[] = {
     {"B1_H16_S4096_D128", 1, 16, 4096, 128, false, true},
     {"B1_H16_S4096_D64", 1, 16, 4096, 64, false, true},
@@ -35,6 +37,10 @@ const Case kCases[] = {
     {"B1_H16_S8192_D64", 1, 16, 8192, 64, false, false},
     {"B8_H16_S512_D128", 8, 16, 512, 128, false, true},
     {"B8_H16_S512_D64", 8, 16, 512, 64, false, true},
+    {"B1_H16_S4096_D128_bf16", 1, 16, 4096, 128, false, false, flashback::DType::bf16},
+    {"B1_H16_S4096_D64_bf16", 1, 16, 4096, 64, false, false, flashback::DType::bf16},
+    {"B1_H16_S4096_D128_f16", 1, 16, 4096, 128, false, false, flashback::DType::f16},
+    {"B1_H16_S4096_D64_f16", 1, 16, 4096, 64, false, false, flashback::DType::f16},
 };
 
 int threads() {
@@ -46,28 +52,39 @@ double forward_flop(const Case& c) {
   return 4.0 * c.batch * c.heads * c.seqlen * c.seqlen * c.head_dim * (c.causal ? 0.5 : 1.0);
 }
 
-// Random contiguous BHSD inputs and outputs of one case, with the forward already run (backward needs
-// o and lse).
+// Random contiguous BHSD inputs and outputs of one case, in its dtype (lse f32).
 struct Tensors {
   int64_t n, rows;
-  std::vector<float> q, k, v, o, lse, dout, dq, dk, dv;
+  std::vector<float> q, k, v, o, lse, dout, dq, dk, dv; // f32 storage, or 16-bit elements in their first half
   explicit Tensors(const Case& c)
       : n(c.batch * c.heads * c.seqlen * c.head_dim), rows(c.batch * c.heads * c.seqlen), q(n), k(n), v(n), o(n),
         lse(rows), dout(n), dq(n), dk(n), dv(n) {
     std::mt19937 rng(42);
     std::normal_distribution<float> dist;
-    for (auto* t : {&q, &k, &v, &dout})
+    for (auto* t : {&q, &k, &v, &dout}) {
       for (float& x : *t) x = dist(rng);
+      if (c.dtype == flashback::DType::f32) continue;
+      auto* half = reinterpret_cast<uint16_t*>(t->data());
+      for (int64_t i = 0; i < n; ++i) // in place: element i's two bytes never pass the floats still unread
+        half[i] = c.dtype == flashback::DType::bf16 ? flashback::safetensors::f32_to_bf16((*t)[i])
+                                                      : flashback::safetensors::f32_to_f16((*t)[i]);
+    }
   }
 };
 
 flashback::TensorView view(const Case& c, std::vector<float>& t) {
-  return flashback::TensorView::bhsd(t.data(), flashback::DType::f32, c.batch, c.heads, c.seqlen, c.head_dim);
+  return flashback::TensorView::bhsd(t.data(), c.dtype, c.batch, c.heads, c.seqlen, c.head_dim);
 }
 
 void set_counters(benchmark::State& state, double flop) {
   state.counters["flop"] = flop;
   state.counters["threads"] = threads();
+}
+
+void set_label(benchmark::State& state, const Case& c) {
+  state.SetLabel(std::string(flashback::cpu_isa()) + (c.dtype == flashback::DType::f32    ? " f32"
+                                                      : c.dtype == flashback::DType::bf16 ? " bf16"
+                                                                                          : " f16"));
 }
 
 void flashback_forward(benchmark::State& state, const Case& c) {
@@ -82,6 +99,7 @@ void flashback_forward(benchmark::State& state, const Case& c) {
   run(); // warm-up
   for (auto _ : state) run();
   set_counters(state, forward_flop(c));
+  set_label(state, c);
 }
 
 void flashback_backward(benchmark::State& state, const Case& c) {
@@ -99,6 +117,7 @@ void flashback_backward(benchmark::State& state, const Case& c) {
   run(); // warm-up
   for (auto _ : state) run();
   set_counters(state, 2.5 * forward_flop(c));
+  set_label(state, c);
 }
 
 BlasShape blas_shape(const Case& c) { return {c.batch, c.heads, c.seqlen, c.seqlen, c.head_dim, c.causal}; }
@@ -137,6 +156,21 @@ void fma_ceiling(benchmark::State& state) {
   state.SetLabel(fma_ceiling_isa());
 }
 
+// The bf16 product ceilings: vdpbf16ps, and AMX TDPBF16PS where the library runs AMX (it has asked
+// Linux for the tile state). Skipped where the CPU lacks them.
+void bf16_ceiling(benchmark::State& state, bool amx) {
+  if (amx ? std::string(flashback::cpu_isa()) != "amx" : dpbf16_ceiling_flops(1, 0.01) == 0) {
+    state.SkipWithError(amx ? "no AMX here" : "no AVX512_BF16 here");
+    for (auto _ : state) {
+    }
+    return;
+  }
+  double flops = 0;
+  for (auto _ : state) flops = amx ? amx_ceiling_flops(threads(), 1.0) : dpbf16_ceiling_flops(threads(), 1.0);
+  state.counters["bf16_ceiling_flops"] = flops;
+  state.counters["threads"] = threads();
+}
+
 double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
 
@@ -149,6 +183,8 @@ void configure(benchmark::internal::Benchmark* b) {
 
 int register_all() {
   configure(benchmark::RegisterBenchmark("ceiling/fma_f32", fma_ceiling));
+  configure(benchmark::RegisterBenchmark("ceiling/bf16_dot", bf16_ceiling, false));
+  configure(benchmark::RegisterBenchmark("ceiling/bf16_amx", bf16_ceiling, true));
   for (const Case& c : kCases) {
     configure(benchmark::RegisterBenchmark((std::string("flashback/forward/") + c.name).c_str(), flashback_forward, c));
     configure(benchmark::RegisterBenchmark((std::string("flashback/backward/") + c.name).c_str(), flashback_backward, c));

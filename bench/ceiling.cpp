@@ -4,6 +4,32 @@
 
 double fma_probe_avx512(int threads, long iters);
 double fma_probe_avx2(int threads, long iters);
+double dpbf16_probe(int threads, long iters);
+double amx_probe(int threads, long iters);
+
+namespace {
+
+// Calibrates a probe to about `seconds`, then keeps the best of three (the machine is shared).
+double best_of_three(double (*probe)(int, long), int threads, double seconds, double flops_per_iter) {
+  long iters = 1 << 20;
+  const double rate = probe(threads, iters);
+  iters = std::max<long>(iters, static_cast<long>(seconds / 3 * rate / flops_per_iter));
+  double best = 0;
+  for (int i = 0; i < 3; ++i) best = std::max(best, probe(threads, iters));
+  return best;
+}
+
+} // namespace
+
+double dpbf16_ceiling_flops(int threads, double seconds) {
+  if (!__builtin_cpu_supports("avx512bf16")) return 0;
+  return best_of_three(&dpbf16_probe, threads, seconds, 2.0 * 32 * 12 * threads);
+}
+
+double amx_ceiling_flops(int threads, double seconds) {
+  if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("amx-tile")) return 0;
+  return best_of_three(&amx_probe, threads, seconds, 2.0 * 16 * 16 * 32 * 4 * threads);
+}
 
 const char* fma_ceiling_isa() {
   if (__builtin_cpu_supports("avx512f")) return "avx512";
@@ -17,12 +43,5 @@ double fma_ceiling_flops(int threads, double seconds) {
                : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &fma_probe_avx2
                                                                                  : nullptr;
   if (!probe) return 0;
-  const double flops_per_iter = 2.0 * (avx512 ? 16 : 8) * 12 * threads;
-  // Calibrate to about `seconds`, then keep the best of three (the machine is shared and noisy).
-  long iters = 1 << 20;
-  const double rate = probe(threads, iters);
-  iters = std::max<long>(iters, static_cast<long>(seconds / 3 * rate / flops_per_iter));
-  double best = 0;
-  for (int i = 0; i < 3; ++i) best = std::max(best, probe(threads, iters));
-  return best;
+  return best_of_three(probe, threads, seconds, 2.0 * (avx512 ? 16 : 8) * 12 * threads);
 }

@@ -6,3 +6,7 @@
 // vector FMA this machine has (AVX-512, else AVX2 + FMA). Returns 0 without either.
 double fma_ceiling_flops(int threads, double seconds);
 const char* fma_ceiling_isa();
+
+// The same for bf16 products: vdpbf16ps (AVX512_BF16) and AMX TDPBF16PS. 0 when the CPU lacks it.
+double dpbf16_ceiling_flops(int threads, double seconds);
+double amx_ceiling_flops(int threads, double seconds); // needs the library's AMX permission first

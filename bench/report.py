@@ -25,9 +25,11 @@ def run_suite(build, reps, filt):
     print(f"running: FLASHBACK_BENCH_REPS={reps} {' '.join(cmd)}", file=sys.stderr)
     subprocess.run(cmd, check=True, env=env, stdout=sys.stderr)
     with open(out) as f:
-        data = json.load(f)
+        text = f.read()
     os.unlink(out)
-    return data
+    if not text.strip():
+        sys.exit(f"no benchmark matched --filter {filt!r} (names look like flashback/backward/B1_H16_S4096_D128/...)")
+    return json.loads(text)
 
 
 def aggregates(data):
