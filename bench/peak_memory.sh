@@ -7,7 +7,7 @@ build=${1:-build}
 seqlen=${2:-131072}
 head_dim=${3:-128}
 log=$(mktemp)
-/usr/bin/time -v "$build/bench/flashback_peak_memory" "$seqlen" "$head_dim" 2> "$log" | tee /dev/stderr > "$log.out"
+/usr/bin/time -v "$build/bench/flashback_peak_memory" "$seqlen" "$head_dim" 2> "$log" | tee "$log.out"
 peak_kib=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$log")
 io_mib=$(awk '/inputs \+ outputs/ {print $4}' "$log.out")
 grep -E "Elapsed|Maximum resident" "$log"

@@ -1,5 +1,6 @@
 #include "cpu/isa.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -101,7 +102,13 @@ Isa active_isa() {
   static const Isa isa = [] {
     Isa cap = amx_emulated() ? Isa::amx : machine_isa(), wanted;
     const char* env = std::getenv("FLASHBACK_ISA");
-    if (env && *env && parse_isa(env, &wanted) && wanted < cap) cap = wanted;
+    if (env && *env && !parse_isa(env, &wanted)) {
+      // A typo must not silently test or benchmark another instruction set than the one asked for.
+      std::fprintf(stderr, "flashback: FLASHBACK_ISA=%s is not one of scalar, avx2, avx512, avx512bf16, amx; ignored\n",
+                   env);
+    } else if (env && *env && wanted < cap) {
+      cap = wanted;
+    }
     return cap;
   }();
   return isa;
