@@ -63,6 +63,37 @@ constexpr bool kIsF32 = false;
 template <>
 constexpr bool kIsF32<float> = true;
 
+// The exact product of a partially masked tile: C = (acc ? row_scale * C : 0) + A B, where row i sums
+// only over k in [i + lo, i + hi] (and [0, kk)). A masked element of A is 0, but 0 times a NaN or Inf in
+// B is NaN: summing only what a row sees keeps a non-finite input out of the rows that do not see it.
+// Runs `gemm` (unbanded, the same arguments) on the k that every row of a group of `group` rows sees,
+// and on each row's few remaining k one row at a time.
+template <class Gemm>
+void gemm_banded(Gemm&& gemm, int64_t group, int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars,
+                 int64_t aks, const float* b, int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale,
+                 int64_t lo, int64_t hi) {
+  auto first = [&](int64_t i) { return clamp64(i + lo, 0, kk); };
+  auto end = [&](int64_t i) { return clamp64(i + hi + 1, 0, kk); };
+  auto run = [&](int64_t i, int64_t rows, int64_t k0, int64_t k1, bool init) {
+    const bool keep = !init || acc;
+    gemm(rows, n, k1 > k0 ? k1 - k0 : 0, a + i * ars + k0 * aks, ars, aks, b + k0 * ldb, ldb, c + i * ldc, ldc, keep,
+         init && row_scale ? row_scale + i : nullptr);
+  };
+  for (int64_t r0 = 0; r0 < m; r0 += group) {
+    const int64_t rows = min64(group, m - r0);
+    const int64_t k0 = first(r0 + rows - 1), k1 = end(r0); // seen by every row of the group
+    if (k0 < k1) {
+      run(r0, rows, k0, k1, true);
+      for (int64_t i = r0; i < r0 + rows; ++i) {
+        if (first(i) < k0) run(i, 1, first(i), k0, false);
+        if (end(i) > k1) run(i, 1, k1, end(i), false);
+      }
+    } else {
+      for (int64_t i = r0; i < r0 + rows; ++i) run(i, 1, first(i), end(i), true);
+    }
+  }
+}
+
 template <class T>
 void store_row(const float* src, int64_t n, float mul, T* dst) {
   for (int64_t x = 0; x < n; ++x) dst[x] = from_float<T>(src[x] * mul);

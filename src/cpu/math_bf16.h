@@ -8,6 +8,11 @@
 // 3.6x the bar for D = 7, Sk = 300). Q, K, V, dO are bf16 already, so every product is then exact to
 // about 2^-16 and nothing is rounded before the outputs (each once, from its f32 total).
 //
+// Partially masked tiles (the diagonal band of a causal or windowed mask) take their products with P and
+// dS in f32 instead, each row summing only the keys it sees (gemm_banded, blocks.h), so that a NaN or Inf
+// input behind a masked zero never reaches a row that does not see it; they are a small fraction of the
+// tiles.
+//
 // BMicro provides: isa, tiles(), kK (the k granule: operands are zero-padded to it), and
 //   gemm(m, n, k, a, a_lo, lda, b, ldb, c, ldc, acc, row_scale):
 //     C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) B, a_lo may be null,
@@ -81,11 +86,11 @@ struct MathBf16 {
   }
 
   // Per-thread scratch of the forward: qa [BMp][Dk] bf16, s [BMp][BNp] f32, pa, pa_lo [BMp][BNk] bf16
-  // (P as hi + lo), oacc [BMp][Dvn] f32, m, l, alpha [BMp] f32.
+  // (P as hi + lo), oacc [BMp][Dvn] f32, m, l, alpha [BMp] f32, vf [BN][Dvn] f32 (V of a masked tile).
   struct ForwardScratch {
     Dims z;
     bf16 *qa, *pa, *pa_lo;
-    float *s, *oacc, *m, *l, *alpha;
+    float *s, *oacc, *m, *l, *alpha, *vf;
     ForwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) : z(p, t) {
       Carver c{base};
       qa = c.take<bf16>(z.bmp * z.dk);
@@ -96,6 +101,7 @@ struct MathBf16 {
       m = c.floats(z.bmp);
       l = c.floats(z.bmp);
       alpha = c.floats(z.bmp);
+      vf = c.floats(t.bn * z.dvn);
       if (bytes) *bytes = c.used;
     }
   };
@@ -123,7 +129,13 @@ struct MathBf16 {
       // s [rows][cols] = Q K^T (unscaled)
       BMicro::gemm(rows_, cols, z.dk, s_.qa, nullptr, z.dk, ktb, 2 * z.bnp, s_.s, z.bnp, false, nullptr);
       softmax_rows(cols, mask);
-      // oacc [rows][Dv] = alpha oacc + P V
+      // oacc [rows][Dv] = alpha oacc + P V; under a mask in f32, each row over the keys it sees
+      if (mask) {
+        F::load_rows(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, cols, p_.head_dim_v, s_.vf, z.dvn);
+        F::gemm_banded(rows_, p_.head_dim_v, cols, s_.s, z.bnp, 1, s_.vf, z.dvn, s_.oacc, z.dvn, !first,
+                       first ? nullptr : s_.alpha, mask->lo, mask->hi);
+        return;
+      }
       BMicro::gemm(rows_, p_.head_dim_v, round_up(cols, kK), s_.pa, s_.pa_lo, z.bnk, vb, 2 * z.dvn, s_.oacc, z.dvn,
                    !first, first ? nullptr : s_.alpha);
     }
@@ -140,8 +152,8 @@ struct MathBf16 {
 
    private:
     // One online-softmax step on the rows of s (log2 units after scaling): m, l, alpha updated, and
-    // P = exp2(S * scale * log2(e) - m) written to pa + pa_lo (zero beyond cols up to BNk). A row
-    // that has seen no visible key yet keeps m = -inf and gets P = 0.
+    // P = exp2(S * scale * log2(e) - m) written to pa + pa_lo (zero beyond cols up to BNk), and under a
+    // mask in f32 over s as well. A row that has seen no visible key yet keeps m = -inf and gets P = 0.
     void softmax_rows(int64_t cols, const Mask* mask) {
       const Dims& z = s_.z;
       const __m512 mul = _mm512_set1_ps(p_.scale * kLog2e), neg_inf = _mm512_set1_ps(-kInf);
@@ -164,7 +176,10 @@ struct MathBf16 {
         for (int64_t c0 = 0; c0 < z.bnk; c0 += 16) {
           const __m512 pr = c0 < cols ? V512::exp2(_mm512_sub_ps(logits(c0), vref)) : _mm512_setzero_ps();
           sum = _mm512_add_ps(sum, pr);
-          PackBf16::split(pr, s_.pa + r * z.bnk + c0, s_.pa_lo + r * z.bnk + c0, z.bnk - c0);
+          if (mask)
+            _mm512_mask_storeu_ps(s_.s + r * z.bnp + c0, PackBf16::first16(z.bnp - c0), pr);
+          else
+            PackBf16::split(pr, s_.pa + r * z.bnk + c0, s_.pa_lo + r * z.bnk + c0, z.bnk - c0);
         }
         const float alpha = V512::exp2(_mm512_set1_ps(m_old - ref))[0];
         s_.alpha[r] = alpha;
@@ -222,10 +237,11 @@ struct MathBf16 {
   //   pta [BNp][BMk], dsta [BNp][BMk], dsa [BMp][BNk] bf16     P^T, dS^T, dS as A operands (hi), and
   //   pta_lo, dsta_lo, dsa_lo likewise                          (lo)
   //   dk [BNp][Dn], dv [BNp][Dvn] f32                           the key block's accumulators
+  //   kf [BN][Dn], qf [BM][Dn], dof [BM][Dvn] f32                K, Q, dO of partially masked tiles
   struct BackwardScratch {
     Dims z;
     bf16 *ktb, *vtb, *kb, *pta, *dsta, *dsa, *pta_lo, *dsta_lo, *dsa_lo;
-    float *s, *dp, *dk, *dv;
+    float *s, *dp, *dk, *dv, *kf, *qf, *dof;
     BackwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) : z(p, t) {
       Carver c{base};
       ktb = c.take<bf16>(z.dk * z.bnp);
@@ -241,6 +257,9 @@ struct MathBf16 {
       dp = c.floats(z.bmp * z.bnp);
       dk = c.floats(z.bnp * z.dn);
       dv = c.floats(z.bnp * z.dvn);
+      kf = c.floats(t.bn * z.dn);
+      qf = c.floats(t.bm * z.dn);
+      dof = c.floats(t.bm * z.dvn);
       if (bytes) *bytes = c.used;
     }
   };
@@ -259,6 +278,8 @@ struct MathBf16 {
       const T* k = row_ptr<const T>(p_.k, b, hk, j0);
       const T* v = row_ptr<const T>(p_.v, b, hk, j0);
       cols_ = cols;
+      k_ = k;
+      kf_ready_ = false;
       need_ds_ = job_.need_dk || job_.need_dq;
       PackBf16::vnni_t(k, p_.k.ss, cols, p_.head_dim, s_.ktb, 2 * z.bnp, z.dk, z.bnp);
       if (need_ds_) PackBf16::vnni_t(v, p_.v.ss, cols, p_.head_dim_v, s_.vtb, 2 * z.bnp, z.dvk, z.bnp);
@@ -267,35 +288,59 @@ struct MathBf16 {
       if (job_.need_dv) fill(s_.dv, cols * z.dvn, 0.0f);
     }
 
+    // A query block of head h: S, P, dV, dP, dS, dK. A partially masked tile takes its products in f32,
+    // each output row over what it sees: k - row in [-hi, -lo] for dV, dK (rows = keys, k = queries).
     void add(int64_t b, int64_t h, int64_t i0, int64_t rows, const Mask* mask) {
       const Dims& z = s_.z;
       const int64_t bh = b * p_.heads_q + h, row0 = bh * p_.seqlen_q + i0, cols = cols_;
       const QBlock q = q_block(job_, z, bh, i0 / job_.tiles.bm);
       const int64_t rk = round_up(rows, kK);
       rows_ = rows;
+      if (mask) tile_mask_ = *mask;
+      masked_ = mask != nullptr;
       // s [rows][cols] = Q K^T, then P = exp2(S * scale * log2(e) - lse2), 0 where masked
       BMicro::gemm(rows, cols, z.dk, q.qa, nullptr, z.dk, s_.ktb, 2 * z.bnp, s_.s, z.bnp, false, nullptr);
       F::probs(s_.s, z.bnp, rows, cols, p_.scale * kLog2e, job_.lse2 + row0, mask);
       // dv [cols][Dv] += P^T dO
       if (job_.need_dv) {
-        PackBf16::split_f32_t(s_.s, z.bnp, rows, cols, s_.pta, s_.pta_lo, z.bmk, z.bnp);
-        BMicro::gemm(cols, p_.head_dim_v, rk, s_.pta, s_.pta_lo, z.bmk, q.dob, 2 * z.dvn, s_.dv, z.dvn, true, nullptr);
+        if (masked_) {
+          F::load_rows(row_ptr<const T>(p_.dout, b, h, i0), p_.dout.ss, rows, p_.head_dim_v, s_.dof, z.dvn);
+          F::gemm_banded(cols, p_.head_dim_v, rows, s_.s, 1, z.bnp, s_.dof, z.dvn, s_.dv, z.dvn, true, nullptr,
+                         -mask->hi, -mask->lo);
+        } else {
+          PackBf16::split_f32_t(s_.s, z.bnp, rows, cols, s_.pta, s_.pta_lo, z.bmk, z.bnp);
+          BMicro::gemm(cols, p_.head_dim_v, rk, s_.pta, s_.pta_lo, z.bmk, q.dob, 2 * z.dvn, s_.dv, z.dvn, true,
+                       nullptr);
+        }
       }
       if (!need_ds_) return;
       // dp [rows][cols] = dO V^T, then dS = P (dP - delta) * scale
       BMicro::gemm(rows, cols, z.dvk, q.doa, nullptr, z.dvk, s_.vtb, 2 * z.bnp, s_.dp, z.bnp, false, nullptr);
-      F::dscores(s_.s, s_.dp, z.bnp, rows, cols, job_.delta + row0, p_.scale);
+      F::dscores(s_.s, s_.dp, z.bnp, rows, cols, job_.delta + row0, p_.scale, mask);
       // dk [cols][D] += dS^T Q
       if (job_.need_dk) {
-        PackBf16::split_f32_t(s_.dp, z.bnp, rows, cols, s_.dsta, s_.dsta_lo, z.bmk, z.bnp);
-        BMicro::gemm(cols, p_.head_dim, rk, s_.dsta, s_.dsta_lo, z.bmk, q.qb, 2 * z.dn, s_.dk, z.dn, true, nullptr);
+        if (masked_) {
+          F::load_rows(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, s_.qf, z.dn);
+          F::gemm_banded(cols, p_.head_dim, rows, s_.dp, 1, z.bnp, s_.qf, z.dn, s_.dk, z.dn, true, nullptr, -mask->hi,
+                         -mask->lo);
+        } else {
+          PackBf16::split_f32_t(s_.dp, z.bnp, rows, cols, s_.dsta, s_.dsta_lo, z.bmk, z.bnp);
+          BMicro::gemm(cols, p_.head_dim, rk, s_.dsta, s_.dsta_lo, z.bmk, q.qb, 2 * z.dn, s_.dk, z.dn, true, nullptr);
+        }
       }
-      if (job_.need_dq) PackBf16::split_f32(s_.dp, z.bnp, rows, cols, s_.dsa, s_.dsa_lo, z.bnk, z.bmp);
+      if (job_.need_dq && !masked_) PackBf16::split_f32(s_.dp, z.bnp, rows, cols, s_.dsa, s_.dsa_lo, z.bnk, z.bmp);
     }
 
-    // dq [rows][D] += dS K for the last add().
+    // dq [rows][D] += dS K for the last add() (masked: in f32, each row over the keys it sees).
     void add_dq(float* dq, int64_t ld) {
       const Dims& z = s_.z;
+      if (masked_) {
+        if (!kf_ready_) F::load_rows(k_, p_.k.ss, cols_, p_.head_dim, s_.kf, z.dn);
+        kf_ready_ = true;
+        F::gemm_banded(rows_, p_.head_dim, cols_, s_.dp, z.bnp, 1, s_.kf, z.dn, dq, ld, true, nullptr, tile_mask_.lo,
+                       tile_mask_.hi);
+        return;
+      }
       BMicro::gemm(rows_, p_.head_dim, round_up(cols_, kK), s_.dsa, s_.dsa_lo, z.bnk, s_.kb, 2 * z.dn, dq, ld, true,
                    nullptr);
     }
@@ -311,8 +356,10 @@ struct MathBf16 {
     const BackwardJob& job_;
     const core::Problem& p_;
     BackwardScratch s_;
-    bool need_ds_ = false;
+    bool need_ds_ = false, masked_ = false, kf_ready_ = false;
     int64_t cols_ = 0, rows_ = 0;
+    const T* k_ = nullptr;
+    Mask tile_mask_{};
   };
 };
 

@@ -157,8 +157,12 @@ struct MathF32 {
       // st [cols][BMp] = K Q^T, in log2 units
       Micro::gemm(cols, s_.bmp, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, false, nullptr);
       Micro::softmax_t(s_.st, s_.bmp, s_.bmp, cols, mask, s_.m, s_.l, s_.alpha);
-      // oacc [rows][Dv] = alpha * oacc + P V   (P(r, c) = st[c][r])
-      Micro::gemm(rows_, dv, cols, s_.st, 1, s_.bmp, v, ldv, s_.oacc, s_.dvp, !first, first ? nullptr : s_.alpha);
+      // oacc [rows][Dv] = alpha * oacc + P V   (P(r, c) = st[c][r]); row r sums only the keys it sees
+      if (mask)
+        Micro::gemm_banded(rows_, dv, cols, s_.st, 1, s_.bmp, v, ldv, s_.oacc, s_.dvp, !first,
+                           first ? nullptr : s_.alpha, mask->lo, mask->hi);
+      else
+        Micro::gemm(rows_, dv, cols, s_.st, 1, s_.bmp, v, ldv, s_.oacc, s_.dvp, !first, first ? nullptr : s_.alpha);
     }
 
     void finish(int64_t b, int64_t h, int64_t i0, int64_t rows) {
@@ -229,6 +233,15 @@ struct MathF32 {
       if (job_.need_dv) fill(s_.dv, cols * s_.dvp, 0.0f);
     }
 
+    // C += A B, A over the tile (row-major [rows or cols][k]); under a mask each output row sums only
+    // what it sees: k - row in [lo, hi] for dQ (rows = queries, k = keys), [-hi, -lo] for dV, dK.
+    void product(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
+                 int64_t ldb, float* c, int64_t ldc, bool keys_are_k) {
+      if (!mask_) return Micro::gemm(m, n, kk, a, ars, aks, b, ldb, c, ldc, true, nullptr);
+      const int64_t lo = keys_are_k ? mask_->lo : -mask_->hi, hi = keys_are_k ? mask_->hi : -mask_->lo;
+      Micro::gemm_banded(m, n, kk, a, ars, aks, b, ldb, c, ldc, true, nullptr, lo, hi);
+    }
+
     // A query block of head h: S, P, dV, dP, dS, dK.
     void add(int64_t b, int64_t h, int64_t i0, int64_t rows, const Mask* mask) {
       const int64_t d = p_.head_dim, dv = p_.head_dim_v, cols = cols_;
@@ -248,23 +261,23 @@ struct MathF32 {
         lddo = p_.dout.ss;
       }
       rows_ = rows;
+      if (mask) tile_mask_ = *mask;
+      mask_ = mask ? &tile_mask_ : nullptr;
       // s [rows][cols] = Q K^T, then P = exp2(S * scale * log2(e) - lse2), 0 where masked
       Micro::gemm(rows, cols, d, q, ldq, 1, s_.kt, s_.bnp, s_.s, s_.bnp, false, nullptr);
       Micro::probs(s_.s, s_.bnp, rows, cols, p_.scale * kLog2e, job_.lse2 + row0, mask);
       // dv [cols][Dv] += P^T dO
-      if (job_.need_dv) Micro::gemm(cols, dv, rows, s_.s, 1, s_.bnp, dout, lddo, s_.dv, s_.dvp, true, nullptr);
+      if (job_.need_dv) product(cols, dv, rows, s_.s, 1, s_.bnp, dout, lddo, s_.dv, s_.dvp, false);
       if (!need_ds_) return;
       // ds [rows][cols] = dO V^T, then dS = P (dP - delta) * scale
       Micro::gemm(rows, cols, dv, dout, lddo, 1, s_.vt, s_.bnp, s_.ds, s_.bnp, false, nullptr);
-      Micro::dscores(s_.s, s_.ds, s_.bnp, rows, cols, job_.delta + row0, p_.scale);
+      Micro::dscores(s_.s, s_.ds, s_.bnp, rows, cols, job_.delta + row0, p_.scale, mask);
       // dk [cols][D] += dS^T Q
-      if (job_.need_dk) Micro::gemm(cols, d, rows, s_.ds, 1, s_.bnp, q, ldq, s_.dk, s_.dp, true, nullptr);
+      if (job_.need_dk) product(cols, d, rows, s_.ds, 1, s_.bnp, q, ldq, s_.dk, s_.dp, false);
     }
 
     // dq [rows][D] += dS K for the last add().
-    void add_dq(float* dq, int64_t ld) {
-      Micro::gemm(rows_, p_.head_dim, cols_, s_.ds, s_.bnp, 1, kf_, ldk_, dq, ld, true, nullptr);
-    }
+    void add_dq(float* dq, int64_t ld) { product(rows_, p_.head_dim, cols_, s_.ds, s_.bnp, 1, kf_, ldk_, dq, ld, true); }
 
     void finish(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
       for (int64_t c = 0; c < cols; ++c) {
@@ -281,6 +294,8 @@ struct MathF32 {
     bool need_ds_ = false;
     int64_t cols_ = 0, rows_ = 0, ldk_ = 0;
     const float* kf_ = nullptr;
+    Mask tile_mask_{};
+    const Mask* mask_ = nullptr; // &tile_mask_ when the last add()'s tile is partially masked
   };
 };
 

@@ -112,6 +112,13 @@ struct MicroF32 {
     }
   }
 
+  // gemm where row i sums only over k in [i + lo, i + hi]: see blocks.h.
+  static void gemm_banded(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
+                          int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale, int64_t lo,
+                          int64_t hi) {
+    cpu::gemm_banded(&gemm, MR, m, n, kk, a, ars, aks, b, ldb, c, ldc, acc, row_scale, lo, hi);
+  }
+
   // --- Packing -------------------------------------------------------------------------------------
   // dst[c][r] = src[r][c] * mul for r < rows, c < cols; zero for rows <= r < rows_pad (a multiple of L).
   // L x L blocks transposed in registers.
@@ -202,16 +209,18 @@ struct MicroF32 {
     }
   }
 
-  // dP [rows][ld] -> dS = P (dP - delta[r]) * scale.
+  // dP [rows][ld] -> dS = P (dP - delta[r]) * scale, 0 where masked (a masked dP may be NaN).
   static void dscores(const float* p, float* dp, int64_t ld, int64_t rows, int64_t cols, const float* delta,
-                      float scale) {
+                      float scale, const Mask* mask) {
     const R vs = V::set1(scale);
     for (int64_t r = 0; r < rows; ++r) {
       const R dl = V::set1(delta[r]);
       for (int64_t c0 = 0; c0 < cols; c0 += L) {
         const K in = V::first_lanes(static_cast<int>(min64(L, cols - c0)));
         const R x = V::load_masked(dp + r * ld + c0, in), pr = V::load_masked(p + r * ld + c0, in);
-        V::store_masked(dp + r * ld + c0, in, V::mul(V::mul(pr, V::sub(x, dl)), vs));
+        R ds = V::mul(V::mul(pr, V::sub(x, dl)), vs);
+        if (mask) ds = V::select(V::in_band(static_cast<int32_t>(c0 - r), 1, mask->lo, mask->hi), ds, V::zero());
+        V::store_masked(dp + r * ld + c0, in, ds);
       }
     }
   }

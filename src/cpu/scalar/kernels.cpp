@@ -35,6 +35,13 @@ struct ScalarMicro {
     }
   }
 
+  // gemm where row i sums only over k in [i + lo, i + hi]: see blocks.h.
+  static void gemm_banded(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
+                          int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale, int64_t lo,
+                          int64_t hi) {
+    cpu::gemm_banded(&gemm, 1, m, n, kk, a, ars, aks, b, ldb, c, ldc, acc, row_scale, lo, hi);
+  }
+
   // dst[c][r] = src[r][c] * mul for r < rows, c < cols; zero for rows <= r < rows_pad.
   template <class T>
   static void pack_t(const T* src, int64_t lds, int64_t rows, int64_t cols, float mul, float* dst, int64_t ldd,
@@ -92,13 +99,13 @@ struct ScalarMicro {
       }
   }
 
-  // dP [rows][ld] -> dS = P (dP - delta[r]) * scale.
+  // dP [rows][ld] -> dS = P (dP - delta[r]) * scale, 0 where masked (a masked dP may be NaN).
   static void dscores(const float* p, float* dp, int64_t ld, int64_t rows, int64_t cols, const float* delta,
-                      float scale) {
+                      float scale, const Mask* mask) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) {
         float& x = dp[r * ld + c];
-        x = p[r * ld + c] * (x - delta[r]) * scale;
+        x = visible(mask, r, c) ? p[r * ld + c] * (x - delta[r]) * scale : 0.0f;
       }
   }
 
