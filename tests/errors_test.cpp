@@ -286,6 +286,14 @@ TEST(Errors, SizesAndStridesThatOverflow) {
          }
        },
        kInvalid, {"q.shape[2] + k.shape[2] (seqlen): expected at most 2^62, got 1152921504606846976 + 4611686018427387904"}},
+      {"the padded problem", kBoth,
+       [](Args& a) {
+         // Sq = Sk = 0: no tensor has an element, so B and Hq are free; the workspace pads every row.
+         for (fb_tensor* t : carriers(a, "Sq")) t->shape[2] = 0;
+         for (fb_tensor* t : carriers(a, "Sk")) t->shape[2] = 0;
+         for (fb_tensor* t : carriers(a, "B")) t->shape[0] = int64_t{1} << 44;
+       },
+       kInvalid, {"the problem is too large", "at most 2^56", "B = 17592186044416"}},
   });
 }
 

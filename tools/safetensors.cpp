@@ -144,7 +144,7 @@ Result<Header> parse_header_impl(std::span<const std::byte> file) {
   try {
     const auto* first = reinterpret_cast<const uint8_t*>(text.data());
     header = json::parse(first, first + text.size(), on_event, /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) { // a parse error, or a number beyond double (out_of_range.406)
     std::string what = e.what();
     if (auto p = what.find("] "); what.starts_with("[json.exception") && p != std::string::npos) what = what.substr(p + 2);
     // The message quotes the input ("last read: ..."): keep it printable ASCII.
@@ -194,16 +194,18 @@ Result<Header> parse_header_impl(std::span<const std::byte> file) {
     const auto shape = entry.find("shape");
     if (shape == entry.end()) return fail(who + ": missing 'shape'");
     if (!shape->is_array()) return fail(who + ": 'shape' must be an array of integers, got " + value_str(*shape));
-    uint64_t numel = 1;
     for (size_t i = 0; i < shape->size(); ++i) {
       const auto dim = as_u64((*shape)[i]);
       if (!dim || *dim > static_cast<uint64_t>(INT64_MAX))
         return fail(who + ": shape[" + std::to_string(i) + "] must be a non-negative integer, got " +
                     value_str((*shape)[i]));
       t.shape.push_back(static_cast<int64_t>(*dim));
-      if (__builtin_mul_overflow(numel, *dim, &numel))
-        return fail(who + ": shape " + value_str(*shape) + " has more elements than 64 bits can count");
     }
+    // The element count, 0 when any dim is 0 (whatever the others); otherwise it must fit int64.
+    const int64_t numel_signed = t.numel();
+    if (numel_signed < 0)
+      return fail(who + ": shape " + value_str(*shape) + " has more elements than int64 can count");
+    const auto numel = static_cast<uint64_t>(numel_signed);
 
     const auto offsets = entry.find("data_offsets");
     if (offsets == entry.end()) return fail(who + ": missing 'data_offsets'");
@@ -279,8 +281,11 @@ const char* dtype_name(DType dtype) {
 size_t dtype_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
 
 int64_t TensorInfo::numel() const {
+  for (int64_t d : shape)
+    if (d == 0) return 0;
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return -1;
   return n;
 }
 
@@ -340,7 +345,7 @@ std::vector<float> Archive::to_f32(const TensorInfo& tensor) const {
   const size_t n = raw.size() / dtype_size(tensor.dtype);
   std::vector<float> out(n);
   if (tensor.dtype == DType::F32) {
-    std::memcpy(out.data(), raw.data(), n * 4);
+    if (n > 0) std::memcpy(out.data(), raw.data(), n * 4);
     return out;
   }
   for (size_t i = 0; i < n; ++i) {

@@ -62,7 +62,7 @@ struct TensorInfo {
   DType dtype = DType::F32;
   std::vector<int64_t> shape; // [] is a scalar (one element)
   uint64_t begin = 0, end = 0; // byte range in the data buffer
-  int64_t numel() const;
+  int64_t numel() const; // 0 when a dim is 0; -1 when the count does not fit int64 (never in a read file)
 };
 
 struct Header {

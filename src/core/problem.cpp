@@ -129,7 +129,9 @@ Footprint footprint(const Checked& c) {
   const int64_t es = static_cast<int64_t>(dtype_size(c.dtype));
   for (int i = 0; i < c.t->rank; ++i) {
     f.shape[i] = c.t->shape[i];
-    f.stride[i] = c.t->stride[i] * es; // cannot overflow: bounded by extent_bytes when shape > 1
+    // A dim of size 1, or any dim of a tensor without elements, never moves the address: its stride
+    // is unbounded (and may be anything), so it counts as 0. The others are bounded by extent_bytes.
+    f.stride[i] = c.numel > 0 && c.t->shape[i] > 1 ? c.t->stride[i] * es : 0;
   }
   f.shape[c.t->rank] = es;
   f.stride[c.t->rank] = 1;
@@ -288,6 +290,17 @@ void check_sizes(Problem& p) {
   int64_t sum = 0;
   if (add_overflows(p.seqlen_q, p.seqlen_k, &sum) || sum > (int64_t{1} << 62))
     invalid("q.shape[2] + k.shape[2] (seqlen): expected at most 2^62, got ", p.seqlen_q, " + ", p.seqlen_k);
+  // Each tensor's element count fits int64 (check_tensor), but one with Sq = 0 may have any B and Hq, and
+  // the workspace pads rows and blocks: bound the whole problem so that no size derived from it overflows.
+  // The bound is 2^56 padded elements (2^62 bytes at 64 per element), far beyond any memory.
+  int64_t rows_q = 0, rows_k = 0, rows = 0, padded = 0;
+  if (mul_overflows(p.batch, p.heads_q, &rows_q) || mul_overflows(rows_q, p.seqlen_q + 256, &rows_q) ||
+      mul_overflows(p.batch, p.heads_kv, &rows_k) || mul_overflows(rows_k, p.seqlen_k + 256, &rows_k) ||
+      add_overflows(rows_q, rows_k, &rows) || mul_overflows(rows, p.head_dim + p.head_dim_v + 64, &padded) ||
+      padded > (int64_t{1} << 56))
+    invalid("q.shape, k.shape: the problem is too large: expected (B*Hq*(Sq+256) + B*Hk*(Sk+256)) * (D+Dv+64) "
+            "at most 2^56, got B = ", p.batch, ", Hq = ", p.heads_q, ", Hk = ", p.heads_kv, ", Sq = ", p.seqlen_q,
+            ", Sk = ", p.seqlen_k, ", D = ", p.head_dim, ", Dv = ", p.head_dim_v);
 }
 
 Strided4 strided4(const fb_tensor* t) {

@@ -144,9 +144,9 @@ struct MathBf16 {
       T* o = row_ptr<T>(p_.o, b, h, i0);
       float* lse = p_.lse.data + b * p_.lse.sb + h * p_.lse.sh + i0;
       for (int64_t r = 0; r < rows; ++r) {
-        const float inv = s_.l[r] > 0 ? 1.0f / s_.l[r] : 0.0f; // l = 0: no key, O = 0
+        const float inv = s_.l[r] != 0.0f ? 1.0f / s_.l[r] : 0.0f; // l = 0: no key, O = 0
         store_row(s_.oacc + r * s_.z.dvn, p_.head_dim_v, inv, o + r * p_.o.ss);
-        lse[r] = s_.l[r] > 0 ? (s_.m[r] + __builtin_log2f(s_.l[r])) * kLn2 : -kInf;
+        lse[r] = s_.l[r] != 0.0f ? (s_.m[r] + __builtin_log2f(s_.l[r])) * kLn2 : -kInf;
       }
     }
 

@@ -170,9 +170,9 @@ struct MathF32 {
       float* lse = p_.lse.data + b * p_.lse.sb + h * p_.lse.sh + i0;
       for (int64_t r = 0; r < rows; ++r) {
         // l = 0: this row sees no key; its zero accumulator gives O = 0.
-        const float inv = s_.l[r] > 0 ? 1.0f / s_.l[r] : 0.0f;
+        const float inv = s_.l[r] != 0.0f ? 1.0f / s_.l[r] : 0.0f;
         store_row(s_.oacc + r * s_.dvp, p_.head_dim_v, inv, o + r * p_.o.ss);
-        lse[r] = s_.l[r] > 0 ? (s_.m[r] + __builtin_log2f(s_.l[r])) * kLn2 : -kInf;
+        lse[r] = s_.l[r] != 0.0f ? (s_.m[r] + __builtin_log2f(s_.l[r])) * kLn2 : -kInf;
       }
     }
 

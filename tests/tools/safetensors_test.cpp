@@ -131,6 +131,11 @@ TEST(SafetensorsRead, AcceptsHandWrittenHeaders) {
                              R"(,"c":)" + entry("BF16", "[2]", "[0,4]") + "}",
                              4)),
             "");
+  // No elements, whatever the other dims: numel() is 0, not the overflowing product of the rest.
+  auto empty = st::Archive::from_bytes(file_of(R"({"e":)" + entry("F32", "[4066116818427387904, 4, 0]", "[0,0]") + "}", 0));
+  ASSERT_TRUE(empty.ok()) << empty.error();
+  EXPECT_EQ(empty.value().tensors()[0].numel(), 0);
+  EXPECT_TRUE(empty.value().to_f32(empty.value().tensors()[0]).empty());
 }
 
 TEST(SafetensorsRead, FileErrors) {
@@ -211,7 +216,10 @@ std::vector<Malformed> malformed_cases() {
       {"dim_above_uint64", file_of(R"({"a":)" + entry("F32", "[18446744073709551616]", "[0,8]") + "}", 8),
        "shape[0] must be a non-negative integer"},
       {"numel_overflow", file_of(R"({"a":)" + entry("F32", "[4294967296, 4294967296, 16]", "[0,8]") + "}", 8),
-       "more elements than 64 bits"},
+       "more elements than int64 can count"},
+      {"numel_past_int64", file_of(R"({"a":)" + entry("F32", "[4611686018427387904, 2]", "[0,8]") + "}", 8),
+       "more elements than int64 can count"},
+      {"number_beyond_double", file_of(R"({"a":1e400})", 0), "not valid JSON"},
       {"bytes_overflow", file_of(R"({"a":)" + entry("F32", "[4611686018427387904]", "[0,8]") + "}", 8),
        "more bytes than 64 bits"},
       {"missing_offsets", file_of(R"({"a":{"dtype":"F32","shape":[2]}})", 8), "missing 'data_offsets'"},
