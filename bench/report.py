@@ -33,10 +33,10 @@ def run_suite(build, reps, filt):
 
 
 def aggregates(data):
-    """{benchmark: {median|min|max|mean|stddev: entry}}"""
+    """{benchmark: {median|min|max|mean|stddev: entry}}; benchmarks that skipped (no AMX here) are left out"""
     by = {}
     for b in data["benchmarks"]:
-        if b.get("run_type") != "aggregate":
+        if b.get("run_type") != "aggregate" or b.get("error_occurred"):
             continue
         name = b["run_name"].split("/iterations:")[0]
         by.setdefault(name, {})[b["aggregate_name"]] = b
@@ -54,15 +54,22 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--filter", default="")
     ap.add_argument("--save", help="also save the raw Google Benchmark JSON here")
+    ap.add_argument("--load", help="report on a JSON saved by --save instead of running the suite")
     args = ap.parse_args()
 
-    data = run_suite(args.build, args.reps, args.filter)
+    if args.load:
+        with open(args.load) as f:
+            data = json.load(f)
+    else:
+        data = run_suite(args.build, args.reps, args.filter)
     if args.save:
         with open(args.save, "w") as f:
             json.dump(data, f, indent=1)
     agg = aggregates(data)
-    ceilings = [a["median"]["ceiling_flops"] for n, a in agg.items() if n.startswith("ceiling/")]
+    ceilings = [a["median"]["ceiling_flops"] for a in agg.values() if "ceiling_flops" in a["median"]]
     ceiling = max(ceilings) if ceilings else float("nan")
+    bf16_ceilings = {n: a["median"]["bf16_ceiling_flops"] for n, a in agg.items()
+                     if "bf16_ceiling_flops" in a["median"]}
     ctx = data["context"]
     threads = next((a["median"].get("threads") for n, a in agg.items() if n.startswith("flashback/")), None)
 
@@ -74,15 +81,20 @@ def main():
         a = agg.get(name)
         return a["median"]["flop"] / to_seconds(a["median"]) if a else None
 
+    bf16_note = "; ".join(f"{n.split('/')[-1]} {v / 1e9:.1f} GFLOP/s" for n, v in bf16_ceilings.items())
     print(f"Machine: {ctx.get('host_name', '?')}, {platform.processor() or platform.machine()}, "
           f"{ctx.get('num_cpus')} CPUs; threads {int(threads) if threads else '?'}; "
-          f"{args.reps} repetitions, median; FMA ceiling {ceiling / 1e9:.1f} GFLOP/s "
-          f"(register-only probe, best of the two probes in this run).\n")
+          f"{args.reps} repetitions, median; f32 FMA ceiling {ceiling / 1e9:.1f} GFLOP/s "
+          f"(register-only probe, best of the two probes in this run)"
+          f"{'; bf16 ceilings: ' + bf16_note if bf16_note else ''}.\n")
     print("| benchmark | median ms | min - max ms | GFLOP/s | % of ceiling | speedup vs BLAS |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, a in agg.items():
-        if name.startswith("ceiling/"):
+        if "ceiling_flops" in a["median"]:
             print(f"| {name} | | | {a['median']['ceiling_flops'] / 1e9:.1f} | 100 | |")
+            continue
+        if "bf16_ceiling_flops" in a["median"]:
+            print(f"| {name} | | | {a['median']['bf16_ceiling_flops'] / 1e9:.1f} | (bf16 ceiling) | |")
             continue
         r = rate(name)
         blas = name.replace("flashback/", "blas/") if name.startswith("flashback/") else None
@@ -107,6 +119,12 @@ def main():
         bl = secs(f"blas/backward/{base}")
         fb = secs(f"flashback/backward/{base}")
         check(f"backward D={d} >= 3x faster than BLAS", bl and fb and bl / fb, lambda v: v >= 3, "{:.2f}x")
+        for p, target in (("forward", {128: 2.5, 64: 1.8}[d]), ("backward", {128: 1.5, 64: 1.0}[d])):
+            r16 = rate(f"flashback/{p}/{base}_bf16")
+            check(f"bf16 {p} D={d} >= {target} TFLOP/s (set for AMX)", r16 and r16 / 1e12, lambda v, t=target: v >= t,
+                  "{:.3f}")
+            t16, tb = secs(f"flashback/{p}/{base}_f16"), secs(f"flashback/{p}/{base}_bf16")
+            check(f"f16 {p} D={d} time <= 1.5x bf16's", t16 and tb and t16 / tb, lambda v: v <= 1.5, "{:.2f}x")
         for p in ("forward", "backward"):
             c, n = secs(f"flashback/{p}/{base}_causal"), secs(f"flashback/{p}/{base}")
             check(f"{p} D={d} causal time <= 0.55x non-causal", c and n and c / n, lambda v: v <= 0.55, "{:.3f}")

@@ -57,20 +57,9 @@ Case empty_sequences(int64_t sq, int64_t sk) {
 
 // Forward then backward of `c` on fixed inputs.
 Outputs run(const Case& c, const fbtest::Inputs& in, WorkspaceMode ws = WorkspaceMode::library) {
-  Outputs out = fbtest::make_outputs(c);
-  EXPECT_EQ(fbtest::run_forward(c, in, out, ws), FB_SUCCESS) << fb_last_error();
-  EXPECT_EQ(fbtest::run_backward(c, in, out, ws), FB_SUCCESS) << fb_last_error();
-  return out;
+  return fbtest::run_forward_backward(c, in, ws);
 }
-
-void expect_same_bits(const Outputs& a, const Outputs& b) {
-  EXPECT_TRUE(fbtest::same_bits("o", a.o, b.o));
-  EXPECT_TRUE(fbtest::same_bits("lse", a.lse, b.lse));
-  EXPECT_TRUE(fbtest::same_bits("dq", a.dq, b.dq));
-  EXPECT_TRUE(fbtest::same_bits("dk", a.dk, b.dk));
-  EXPECT_TRUE(fbtest::same_bits("dv", a.dv, b.dv));
-  EXPECT_TRUE(fbtest::same_bits("delta", a.delta, b.delta));
-}
+using fbtest::expect_same_bits;
 
 fbtest::Inputs inputs_for(const Case& c) {
   std::mt19937_64 rng = fbtest::rng_for(c.describe());

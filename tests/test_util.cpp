@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <sstream>
 
 #include "cpu/isa.h"
@@ -178,7 +179,15 @@ float load_element(fb_dtype t, const unsigned char* p) {
   switch (t) {
     case FB_F32: std::memcpy(&u, p, 4); return std::bit_cast<float>(u);
     case FB_BF16: std::memcpy(&u, p, 2); return std::bit_cast<float>(u << 16);
-    case FB_F16: std::memcpy(&u, p, 2); return f16_value(static_cast<uint16_t>(u));
+    case FB_F16: {
+      static const std::vector<float> table = [] { // every f16 value: the sweeps read millions
+        std::vector<float> t(65536);
+        for (uint32_t h = 0; h < t.size(); ++h) t[h] = f16_value(static_cast<uint16_t>(h));
+        return t;
+      }();
+      std::memcpy(&u, p, 2);
+      return table[u];
+    }
   }
   return std::nanf("");
 }
@@ -223,6 +232,17 @@ double unit_roundoff(fb_dtype t) {
   return 1;
 }
 
+float round_to(fb_dtype t, float x) {
+  unsigned char bytes[4];
+  store_element(t, bytes, x);
+  return load_element(t, bytes);
+}
+
+std::vector<float> round_to(fb_dtype t, std::vector<float> x) {
+  for (float& e : x) e = round_to(t, e);
+  return x;
+}
+
 Tensor Tensor::make(Layout layout, const std::vector<int64_t>& shape, fb_dtype dtype) {
   Tensor t;
   t.dtype_ = dtype;
@@ -253,15 +273,17 @@ std::vector<Tensor> Tensor::packed3(int64_t b, int64_t s, int64_t h, int64_t d, 
 int64_t Tensor::numel() const { return product(shape_); }
 
 std::vector<int64_t> Tensor::element_offsets() const {
+  const int64_t n = numel();
   std::vector<int64_t> out;
-  out.reserve(static_cast<size_t>(numel()));
-  if (numel() == 0) return out;
+  out.reserve(static_cast<size_t>(n));
+  if (n == 0) return out;
   std::vector<int64_t> idx(shape_.size(), 0);
-  for (int64_t n = 0; n < numel(); ++n) {
+  const int64_t last = shape_.back(), step = stride_.back();
+  while (static_cast<int64_t>(out.size()) < n) { // one innermost row at a time
     int64_t off = offset_;
-    for (size_t d = 0; d < shape_.size(); ++d) off += idx[d] * stride_[d];
-    out.push_back(off);
-    for (int d = rank() - 1; d >= 0 && ++idx[d] == shape_[d]; --d) idx[d] = 0;
+    for (size_t d = 0; d + 1 < shape_.size(); ++d) off += idx[d] * stride_[d];
+    for (int64_t x = 0; x < last; ++x) out.push_back(off + x * step);
+    for (int d = rank() - 2; d >= 0 && ++idx[d] == shape_[d]; --d) idx[d] = 0;
   }
   return out;
 }
@@ -376,7 +398,7 @@ namespace {
 
 // Shared by near_ref and lse_near_ref: the worst finite difference against a relative bound.
 ::testing::AssertionResult compare(const char* what, const Tensor& out, const std::vector<double>& ref, double tol,
-                                   bool neg_inf_rows) {
+                                   bool neg_inf_rows, double zero_scale) {
   const std::vector<double> got = out.read();
   if (got.size() != ref.size())
     return ::testing::AssertionFailure() << what << ": " << got.size() << " elements, the reference has " << ref.size();
@@ -384,7 +406,8 @@ namespace {
   double max_ref = 0;
   for (double r : ref)
     if (std::isfinite(r)) max_ref = std::max(max_ref, std::abs(r));
-  const double bound = tol * std::max(max_ref, 1.0);
+  const double scale = max_ref > 0 ? std::max(max_ref, 1.0) : zero_scale;
+  const double bound = tol * scale;
   double worst = -1;
   size_t at = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -408,20 +431,83 @@ namespace {
   std::ostringstream m;
   m.precision(7);
   m << what << ": max |out - ref| = " << worst << " at " << index_string(out.shape(), static_cast<int64_t>(at))
-    << " (out " << got[at] << ", ref " << ref[at] << ") exceeds " << bound << " = " << tol << " * max(max |ref| = "
-    << max_ref << ", 1)";
+    << " (out " << got[at] << ", ref " << ref[at] << ") exceeds " << bound << " = " << tol;
+  if (max_ref > 0)
+    m << " * max(max |ref| = " << max_ref << ", 1)";
+  else
+    m << " * " << zero_scale << " (the reference is 0 everywhere: the size of what cancels)";
   return ::testing::AssertionFailure() << m.str();
 }
 
 } // namespace
 
-::testing::AssertionResult near_ref(const char* what, const Tensor& out, const std::vector<double>& ref, double tol) {
-  return compare(what, out, ref, tol, false);
+::testing::AssertionResult near_ref(const char* what, const Tensor& out, const std::vector<double>& ref, double tol,
+                                    double zero_scale) {
+  return compare(what, out, ref, tol, false, zero_scale);
 }
 
 ::testing::AssertionResult lse_near_ref(const char* what, const Tensor& out, const std::vector<double>& ref,
                                         double tol) {
-  return compare(what, out, ref, tol, true);
+  return compare(what, out, ref, tol, true, 1.0);
+}
+
+::testing::AssertionResult within_bar(const char* what, const Tensor& out, const std::vector<double>& naive,
+                                      const std::vector<double>& ref, BarResult* result, double zero_scale) {
+  constexpr double kFloor = 1e-5;
+  const std::vector<double> got = out.read();
+  if (got.size() != ref.size() || naive.size() != ref.size())
+    return ::testing::AssertionFailure() << what << ": " << got.size() << " elements, naive " << naive.size()
+                                         << ", the reference " << ref.size();
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+  BarResult r;
+  size_t at = 0, naive_at = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    auto where = [&] { return std::string(what) + index_string(out.shape(), static_cast<int64_t>(i)); };
+    if (ref[i] == kNegInf || got[i] == kNegInf || naive[i] == kNegInf) {
+      if (got[i] != ref[i] || naive[i] != ref[i])
+        return ::testing::AssertionFailure() << where() << " = " << got[i] << ", naive " << naive[i]
+                                             << ", the reference " << ref[i]
+                                             << " (-inf exactly where the row sees no key); " << seed_note();
+      continue;
+    }
+    if (!std::isfinite(ref[i]) || !std::isfinite(naive[i]))
+      return ::testing::AssertionFailure() << where() << ": the reference is " << ref[i] << ", naive " << naive[i]
+                                           << " (a bug in the test); " << seed_note();
+    if (!std::isfinite(got[i]))
+      return ::testing::AssertionFailure() << where() << " = " << got[i] << " (reference " << ref[i] << "); "
+                                           << seed_note();
+    r.max_ref = std::max(r.max_ref, std::abs(ref[i]));
+    if (const double e = std::abs(got[i] - ref[i]); e > r.error) {
+      r.error = e;
+      at = i;
+    }
+    if (const double e = std::abs(naive[i] - ref[i]); e > r.naive_error) {
+      r.naive_error = e;
+      naive_at = i;
+    }
+  }
+  // An output that is exactly 0 everywhere (dq and dk when every row sees one key: a softmax over one
+  // key is constant) has no magnitude for the floor, and naive gets exact zeros there because it forms
+  // dP and delta = dO . O, with O = V_j, by the same loop. Rounding to half precision adds nothing to
+  // such values, so what remains is the f32 cancellation in dP - delta: it is held to the f32 checks'
+  // bound for an all-zero reference, kRelTol times the size of what cancels (near_ref).
+  r.bar = r.max_ref > 0 ? 2 * r.naive_error + kFloor * r.max_ref : kRelTol * zero_scale;
+  if (result) *result = r;
+  if (r.error <= r.bar) return ::testing::AssertionSuccess();
+  std::ostringstream m;
+  m.precision(6);
+  m << what << ": max |out - ref64| = " << r.error << " at " << index_string(out.shape(), static_cast<int64_t>(at))
+    << " (out " << got[at] << ", ref64 " << ref[at] << ", naive " << naive[at] << ") exceeds the bar " << r.bar
+    << " (" << r.ratio() << "x)";
+  if (r.max_ref > 0) {
+    m << " = 2 * max |naive - ref64| (" << r.naive_error << " at "
+      << index_string(out.shape(), static_cast<int64_t>(naive_at)) << ") + " << kFloor << " * max |ref64| ("
+      << r.max_ref << ")";
+  } else {
+    m << ", the f32 checks' bound: the reference is all zeros (naive's error " << r.naive_error << ")";
+  }
+  m << "; " << seed_note();
+  return ::testing::AssertionFailure() << m.str();
 }
 
 ::testing::AssertionResult same_bits(const char* what, const Tensor& a, const Tensor& b) {
@@ -593,6 +679,51 @@ std::vector<const Tensor*> backward_outputs(const Outputs& out) {
   for (const Tensor* t : {&out.dq, &out.dk, &out.dv, &out.delta})
     if (t->exists()) v.push_back(t);
   return v;
+}
+
+Outputs run_forward_backward(const Case& c, const Inputs& in, WorkspaceMode ws) {
+  Outputs out = make_outputs(c);
+  EXPECT_EQ(run_forward(c, in, out, ws), FB_SUCCESS) << fb_last_error();
+  EXPECT_EQ(run_backward(c, in, out, ws), FB_SUCCESS) << fb_last_error();
+  return out;
+}
+
+void expect_same_bits(const Outputs& a, const Outputs& b) {
+  EXPECT_TRUE(same_bits("o", a.o, b.o));
+  EXPECT_TRUE(same_bits("lse", a.lse, b.lse));
+  for (auto [name, x, y] : {std::tuple{"dq", &a.dq, &b.dq}, std::tuple{"dk", &a.dk, &b.dk},
+                            std::tuple{"dv", &a.dv, &b.dv}, std::tuple{"delta", &a.delta, &b.delta}})
+    if (x->exists()) { EXPECT_TRUE(same_bits(name, *x, *y)); }
+}
+
+namespace {
+// For each query row (by_rows) or key: does it see, or is it seen by, any key or row? Broadcast over
+// batches and heads, [B, H, S] order.
+std::vector<bool> without_partner(const Case& c, bool by_rows) {
+  const ref::Shape& s = c.shape;
+  const int64_t n = by_rows ? s.seqlen_q : s.seqlen_k, m = by_rows ? s.seqlen_k : s.seqlen_q;
+  const int64_t heads = s.batch * (by_rows ? s.heads_q : s.heads_kv);
+  std::vector<bool> alone(heads * n);
+  for (int64_t a = 0; a < n; ++a) {
+    bool meets = false;
+    for (int64_t b = 0; b < m && !meets; ++b) meets = by_rows ? ref::visible(s, c.opt, a, b) : ref::visible(s, c.opt, b, a);
+    for (int64_t bh = 0; bh < heads; ++bh) alone[bh * n + a] = !meets;
+  }
+  return alone;
+}
+} // namespace
+
+std::vector<bool> blind_rows(const Case& c) { return without_partner(c, true); }
+std::vector<bool> unseen_keys(const Case& c) { return without_partner(c, false); }
+
+::testing::AssertionResult rows_equal(const char* what, const Tensor& t, const std::vector<bool>& rows, double value) {
+  const std::vector<double> got = t.read();
+  const int64_t x = t.rank() == 4 ? t.shape()[3] : 1;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (rows[i / x] && !(got[i] == value))
+      return ::testing::AssertionFailure() << what << index_string(t.shape(), static_cast<int64_t>(i)) << " = "
+                                           << got[i] << ", expected exactly " << value;
+  return ::testing::AssertionSuccess();
 }
 
 } // namespace fbtest

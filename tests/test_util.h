@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -93,6 +94,9 @@ size_t dtype_size(fb_dtype t);
 const char* dtype_name(fb_dtype t);
 // Unit roundoff of the storage type: the relative error of rounding one value to it.
 double unit_roundoff(fb_dtype t);
+// x rounded to the storage type (to nearest even), as a float.
+float round_to(fb_dtype t, float x);
+std::vector<float> round_to(fb_dtype t, std::vector<float> x);
 
 // The NaN that poisons outputs (for each dtype); its payload makes a copy of it distinguishable from
 // a computed NaN.
@@ -120,11 +124,30 @@ constexpr double kRelTol = 2e-5;
 
 std::string index_string(const std::vector<int64_t>& shape, int64_t flat);
 // max|out - ref| <= tol * max(max|ref|, 1); any NaN or infinity fails. Reports the worst element.
+// Where the reference is 0 everywhere, the bound is tol * zero_scale: an output that is exactly 0 by
+// cancellation has no magnitude of its own; the caller gives the size of what cancels (default 1).
 ::testing::AssertionResult near_ref(const char* what, const Tensor& out, const std::vector<double>& ref,
-                                    double tol = kRelTol);
+                                    double tol = kRelTol, double zero_scale = 1.0);
 // The same bound over finite reference values; -inf exactly where the reference has -inf.
 ::testing::AssertionResult lse_near_ref(const char* what, const Tensor& out, const std::vector<double>& ref,
                                         double tol = kRelTol);
+// FlashAttention's accuracy rule for half precision (hopper/test_flash_attn.py), for one output:
+//   max |out - ref| <= 2 * max |naive - ref| + 1e-5 * max |ref|
+// over the finite reference values, where `naive` is a straightforward f32 implementation on the same
+// inputs, rounded as the output is (naive.h). Where the reference is all zeros the bar is the f32
+// checks' kRelTol * zero_scale (see the .cpp and near_ref). -inf (the LSE of a row that sees no key) must match exactly, in out
+// and in naive; any other NaN or infinity fails. The failure names the output, the error, the bar,
+// naive's error, the worst element and the seed.
+struct BarResult {
+  double error = 0, naive_error = 0, max_ref = 0, bar = 0;
+  double ratio() const { // error / bar
+    return bar > 0 ? error / bar : error > 0 ? std::numeric_limits<double>::infinity() : 0;
+  }
+};
+::testing::AssertionResult within_bar(const char* what, const Tensor& out, const std::vector<double>& naive,
+                                      const std::vector<double>& ref, BarResult* result = nullptr,
+                                      double zero_scale = 1.0);
+
 // Bit-identical contents (for determinism checks).
 ::testing::AssertionResult same_bits(const char* what, const Tensor& a, const Tensor& b);
 
@@ -175,5 +198,18 @@ fb_status run_backward(const Case& c, const Inputs& in, Outputs& out, WorkspaceM
 // Every output tensor of `out` that exists.
 std::vector<const Tensor*> forward_outputs(const Outputs& out);
 std::vector<const Tensor*> backward_outputs(const Outputs& out);
+
+// Forward, then backward on its o and lse, on fixed inputs; a failed call is added to the test.
+Outputs run_forward_backward(const Case& c, const Inputs& in, WorkspaceMode ws = WorkspaceMode::library);
+// Every output of `a` that exists has the bits of the same output of `b`.
+void expect_same_bits(const Outputs& a, const Outputs& b);
+
+// Query rows (b, h, i) that see no key, in [B, Hq, Sq] order.
+std::vector<bool> blind_rows(const Case& c);
+// Keys (b, hk, j) that no query row sees, in [B, Hk, Sk] order.
+std::vector<bool> unseen_keys(const Case& c);
+// Rows (the leading three dims, flattened) of a [B, H, S, X] or [B, H, S] tensor flagged in `rows`
+// hold exactly `value` (-0 == 0).
+::testing::AssertionResult rows_equal(const char* what, const Tensor& t, const std::vector<bool>& rows, double value);
 
 } // namespace fbtest
