@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# The test command (README; CI's .ci/run calls it). On a clean clone, as root, with no input:
+#   deps      scripts/install-deps.sh (Debian packages, only those missing)
+#   test      Release build (warnings are errors), the whole ctest suite                  build-test/
+#   asan      GCC, AddressSanitizer + UndefinedBehaviorSanitizer, the whole suite again    build-asan/
+#   tsan      GCC, ThreadSanitizer: concurrent callers, one library thread per call       build-tsan/
+#   fuzz      clang + libFuzzer: each target for FUZZ_SECONDS from the committed corpus  build-fuzz/
+#   valgrind  memcheck on a small forward and backward (build-test's binaries, FLASHBACK_ISA=avx2)
+# Prints what each stage took and exits non-zero if any failed; logs and fuzz artifacts go to
+# build-logs/. RELIABILITY.md explains each stage and records the figures of the last run.
+# Environment: JOBS (default 2), FUZZ_SECONDS (default 60), STAGES (default: all, in the order above).
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+JOBS=${JOBS:-2}
+FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+STAGES=${STAGES:-deps test asan tsan fuzz valgrind}
+LOGS=$ROOT/build-logs
+mkdir -p "$LOGS"
+SUMMARY=$LOGS/summary.txt
+: >"$SUMMARY"
+
+# Sanitizer builds: -O1 with line tables keeps the reports exact and the build short (benchmarks off).
+SAN_FLAGS="-O1 -g1 -DNDEBUG"
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+# Runs a command with its output in build-logs/<name>.log, showing the log's tail when it fails.
+logged() {
+  local name=$1 rc=0
+  shift
+  "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "--- $name failed (exit $rc); the end of build-logs/$name.log:"
+    tail -n 60 "$LOGS/$name.log"
+  fi
+  return $rc
+}
+
+# "N tests" from a ctest log.
+ctest_count() { grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$1" | tail -n 1; }
+
+stage_deps() {
+  logged deps scripts/install-deps.sh
+}
+
+# build_and_ctest <name> <per-test timeout>: builds build-<name> (configured) and runs its whole suite.
+build_and_ctest() {
+  local name=$1 timeout=$2
+  logged "$name-build" cmake --build "build-$name" -j "$JOBS" &&
+    logged "$name-ctest" ctest --test-dir "build-$name" --output-on-failure -j "$JOBS" --timeout "$timeout"
+  local rc=$?
+  note "    $name: $(ctest_count "$LOGS/$name-ctest.log")"
+  return $rc
+}
+
+stage_test() {
+  logged test-configure cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DFLASHBACK_WARNINGS_AS_ERRORS=ON &&
+    build_and_ctest test 900
+}
+
+# configure_sanitized <name> <sanitizers> [cmake args...]: build-<name> at -O1 with the sanitizers.
+configure_sanitized() {
+  local name=$1 sanitizers=$2
+  shift 2
+  logged "$name-configure" cmake -S . -B "build-$name" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$SAN_FLAGS" "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$SAN_FLAGS" \
+    "-DFLASHBACK_SANITIZE=$sanitizers" -DFLASHBACK_WARNINGS_AS_ERRORS=ON -DFLASHBACK_BUILD_BENCHMARKS=OFF "$@"
+}
+
+stage_asan() {
+  configure_sanitized asan address,undefined && build_and_ctest asan 1800
+}
+
+# ThreadSanitizer does not see inside the OpenMP runtime (libgomp is not instrumented), so it runs
+# the configuration it understands: every call with one library thread (params.num_threads = 1, or
+# FLASHBACK_NUM_THREADS=1 for calls that use the default), which runs on the caller's thread without
+# entering OpenMP; the concurrency comes from the application threads.
+stage_tsan() {
+  configure_sanitized tsan thread -DFLASHBACK_BUILD_TOOLS=OFF &&
+    logged tsan-build cmake --build build-tsan -j "$JOBS" --target concurrency_test api_test errors_test || return 1
+  local t=build-tsan/tests
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" FLASHBACK_NUM_THREADS=1 logged tsan-run bash -c "
+    set -e
+    $t/concurrency_test --gtest_filter='Concurrency.*OneThreadPerCall'
+    $t/api_test --gtest_filter='Api.ConcurrentCallsGiveTheSameBits'
+    $t/errors_test --gtest_filter='LastError.*'"
+  local rc=$?
+  note "    tsan: $(grep -c '^\[       OK \]' "$LOGS/tsan-run.log") tests, $(grep -c 'WARNING: ThreadSanitizer' "$LOGS/tsan-run.log") reports"
+  return $rc
+}
+
+# Each target from a copy of its committed corpus (the repository is not modified); a crash, a leak,
+# an input slower than 10 s or a harness check leaves an artifact in build-logs/ and fails the stage.
+stage_fuzz() {
+  CC=clang CXX=clang++ logged fuzz-configure cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DFLASHBACK_FUZZ=ON -DFLASHBACK_BUILD_TESTS=OFF -DFLASHBACK_BUILD_BENCHMARKS=OFF &&
+    logged fuzz-build cmake --build build-fuzz -j "$JOBS" --target fuzz_c_api fuzz_safetensors || return 1
+  local rc=0 target work
+  for target in fuzz_c_api fuzz_safetensors; do
+    work=$(mktemp -d)
+    cp -r "fuzz/corpus/$target" "$work/corpus"
+    local extra=()
+    [ "$target" = fuzz_safetensors ] && extra=(-dict=fuzz/safetensors.dict)
+    LSAN_OPTIONS=suppressions=$ROOT/fuzz/lsan.supp logged "$target" timeout $((3 * FUZZ_SECONDS + 120)) \
+      "build-fuzz/fuzz/$target" -max_total_time="$FUZZ_SECONDS" -timeout=10 -print_final_stats=1 \
+      -artifact_prefix="$LOGS/$target-" "${extra[@]}" "$work/corpus" || rc=1
+    local execs seeds final
+    execs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$LOGS/$target.log" | grep -Eo '[0-9]+$')
+    seeds=$(ls "fuzz/corpus/$target" | wc -l)
+    final=$(ls "$work/corpus" | wc -l)
+    note "    $target: ${execs:-?} inputs executed in ${FUZZ_SECONDS} s, corpus $seeds seeds -> $final inputs," \
+      "$(grep -Eo 'cov: [0-9]+' "$LOGS/$target.log" | tail -n 1 | grep -Eo '[0-9]+') coverage points"
+    rm -rf "$work"
+  done
+  return $rc
+}
+
+# valgrind 3.19 has no AVX-512: the avx2 kernels. One and two OpenMP threads.
+stage_valgrind() {
+  local vg=(valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --show-leak-kinds=definite)
+  [ -x build-test/tests/reliability_test ] || { echo "valgrind: build-test is missing (run the test stage)"; return 1; }
+  FLASHBACK_ISA=avx2 OMP_NUM_THREADS=1 logged valgrind-c-example "${vg[@]}" build-test/tests/c_example &&
+    FLASHBACK_ISA=avx2 OMP_NUM_THREADS=2 logged valgrind-small "${vg[@]}" build-test/tests/reliability_test \
+      --gtest_filter=Reliability.SmallForwardBackward
+  local rc=$?
+  local run
+  for run in c-example small; do
+    note "    valgrind $run: $(grep -h 'ERROR SUMMARY' "$LOGS/valgrind-$run.log" | sed 's/==[0-9]*== ERROR SUMMARY: //; s/ (suppressed.*//')," \
+      "$(grep -h 'definitely lost' "$LOGS/valgrind-$run.log" | sed 's/==[0-9]*== *//')"
+  done
+  return $rc
+}
+
+failed=()
+start_all=$(date +%s)
+note "scripts/test.sh on $(uname -m), $(nproc) cores, JOBS=$JOBS, $(date -u '+%Y-%m-%d %H:%M UTC')"
+for stage in $STAGES; do
+  echo "=== $stage"
+  t0=$(date +%s)
+  if "stage_$stage"; then status=ok; else status=FAILED; failed+=("$stage"); fi
+  note "$(printf '%-9s %-6s %5d s' "$stage" "$status" $(($(date +%s) - t0)))"
+done
+note "$(printf '%-9s %-6s %5d s' total "$([ ${#failed[@]} -eq 0 ] && echo ok || echo FAILED)" $(($(date +%s) - start_all)))"
+echo
+echo "=== summary (build-logs/summary.txt)"
+cat "$SUMMARY"
+if [ ${#failed[@]} -ne 0 ]; then
+  echo "failed stages: ${failed[*]}"
+  exit 1
+fi
