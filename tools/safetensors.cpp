@@ -280,7 +280,7 @@ const char* dtype_name(DType dtype) {
 
 size_t dtype_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
 
-int64_t TensorInfo::numel() const {
+int64_t numel_of(std::span<const int64_t> shape) {
   for (int64_t d : shape)
     if (d == 0) return 0;
   int64_t n = 1;
@@ -288,6 +288,8 @@ int64_t TensorInfo::numel() const {
     if (d < 0 || __builtin_mul_overflow(n, d, &n)) return -1;
   return n;
 }
+
+int64_t TensorInfo::numel() const { return numel_of(shape); }
 
 Result<Header> parse_header(std::span<const std::byte> file) noexcept {
   return guarded<Header>("header", [&] { return parse_header_impl(file); });
@@ -367,12 +369,11 @@ Result<std::vector<std::byte>> serialize(std::span<const TensorRef> tensors,
       const std::string who = "tensor " + shown(t.name);
       if (t.name == "__metadata__") return R::failure(who + ": the name is reserved for metadata");
       if (header.contains(t.name)) return R::failure(who + ": duplicate name");
-      uint64_t numel = 1;
-      for (int64_t d : t.shape) {
+      for (int64_t d : t.shape)
         if (d < 0) return R::failure(who + ": shape " + shape_str(t.shape) + " has a negative dim");
-        if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel))
-          return R::failure(who + ": shape " + shape_str(t.shape) + " is too large");
-      }
+      const int64_t count = numel_of(t.shape); // as the reader counts: 0 when a dim is 0
+      if (count < 0) return R::failure(who + ": shape " + shape_str(t.shape) + " has more elements than int64 can count");
+      const auto numel = static_cast<uint64_t>(count);
       uint64_t bytes = 0;
       if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(t.dtype)), &bytes) || bytes != t.data.size())
         return R::failure(who + ": shape " + shape_str(t.shape) + " of " + dtype_name(t.dtype) + " needs " +

@@ -57,6 +57,10 @@ class Result {
   std::string error_;
 };
 
+// Elements of a shape: 0 when a dim is 0 (whatever the others), -1 when a dim is negative or the
+// count does not fit int64.
+int64_t numel_of(std::span<const int64_t> shape);
+
 struct TensorInfo {
   std::string name;
   DType dtype = DType::F32;

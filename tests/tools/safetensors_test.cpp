@@ -324,6 +324,15 @@ TEST(SafetensorsWrite, RefusesBadTensors) {
   EXPECT_NE(err({st::f32_tensor("__metadata__", {2}, two)}).find("reserved"), std::string::npos);
   EXPECT_NE(err({st::f32_tensor("a", {3}, two)}).find("needs 3 elements, got 8 bytes"), std::string::npos);
   EXPECT_NE(err({st::f32_tensor("a", {-2}, two)}).find("negative"), std::string::npos);
+  EXPECT_NE(err({st::f32_tensor("a", {int64_t{1} << 62, 4}, two)}).find("more elements than int64"), std::string::npos);
+  // No elements, whatever the other dims (as the reader counts): written, and read back the same.
+  const std::vector<float> none;
+  const std::vector<st::TensorRef> empty_tensor = {st::f32_tensor("e", {int64_t{1} << 62, 4, 0}, none)};
+  auto empty = st::serialize(empty_tensor);
+  ASSERT_TRUE(empty.ok()) << empty.error();
+  auto back = st::Archive::from_bytes(empty.value());
+  ASSERT_TRUE(back.ok()) << back.error();
+  EXPECT_EQ(back.value().tensors()[0].shape, (std::vector<int64_t>{int64_t{1} << 62, 4, 0}));
   EXPECT_NE(err({st::f32_tensor("\xff", {2}, two)}).find("UTF-8"), std::string::npos);
   EXPECT_NE(st::write_file("/nonexistent/dir/x.safetensors", std::vector{st::f32_tensor("a", {2}, two)})
                 .find("cannot write '/nonexistent/dir/x.safetensors'"),
