@@ -29,7 +29,7 @@ using fbtest::Layout;
 using fbtest::Tensor;
 
 // FLASHBACK_AMX_EMULATION=1: the AMX kernels on emulated tiles (~50x slower). Only bf16 runs on tiles;
-// f32 and f16 run avx512bf16's kernels, which that level's registration tests. The sweeps are thinned
+// f32 and f16 run avx512's kernels, which that level's registration tests. The sweeps are thinned
 // there (check_cases).
 bool emulated_tiles() {
   return flashback::cpu::active_isa() == flashback::cpu::Isa::amx && flashback::cpu::amx_emulated();
@@ -49,7 +49,7 @@ class Attention : public ::testing::TestWithParam<fb_dtype> {
     FBTEST_SKIP_UNLESS_REQUESTED_ISA();
     if (emulated_tiles() && dtype() != FB_BF16)
       GTEST_SKIP() << "emulated AMX tiles run bf16 only; " << fbtest::dtype_name(dtype())
-                   << " runs the avx512bf16 kernels, tested at that level";
+                   << " runs the avx512 kernels, tested at that level";
   }
   void TearDown() override {
     for (const auto& [what, m] : g_margins) {
@@ -178,7 +178,7 @@ void check_case(const Case& c) {
 }
 
 // On emulated tiles only every fifth case runs (the whole bf16 sweep takes 39 s there under ASan,
-// 16 s on avx512bf16). 5 is prime to the sweeps' loop counts (2, 3, 12 masks, 16 gradient subsets),
+// 16 s with the avx512 kernels). 5 is prime to the sweeps' loop counts (2, 3, 12 masks, 16 gradient subsets),
 // so the cases kept still vary along every loop; each test keeps its first case (LongSequences: Sq = 5,
 // Sk = 8192).
 constexpr size_t kEmulatedStride = 5;

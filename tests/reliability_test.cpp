@@ -200,8 +200,8 @@ TEST_F(Reliability, LogitsOfTenThousandDoNotOverflow) {
 // match the reference relative to their own magnitude (near_ref's floor of 1 would hide anything),
 // plus a floor of 16 of the smallest normal values of the output type (f32: 2^-126; f16: 16 of its
 // smallest subnormals). In the subnormal range the floor dominates: there the test shows that tiny
-// inputs turn into no NaN, no Inf and no value of normal size (vdpbf16ps, for one, reads subnormal
-// bf16 as 0).
+// inputs turn into no NaN, no Inf and no value of normal size (AMX, for one, reads subnormal bf16 as
+// 0).
 TEST_F(Reliability, TinyAndSubnormalValues) {
   for (fb_dtype dtype : kDtypes) {
     // f16 has 5 exponent bits: 2^-10 is tiny for it, 2^-20 subnormal (smallest 2^-24).

@@ -109,9 +109,6 @@ const KernelSet& kernels_for(Isa isa, core::DType dtype) {
 #if defined(FLASHBACK_HAVE_AMX_KERNELS)
   if (isa >= Isa::amx) return kernels_amx(dtype, amx_emulated());
 #endif
-#if defined(FLASHBACK_HAVE_AVX512BF16_KERNELS)
-  if (isa >= Isa::avx512bf16) return kernels_avx512bf16(dtype);
-#endif
 #if defined(FLASHBACK_HAVE_AVX512_KERNELS)
   if (isa >= Isa::avx512) return kernels_avx512(dtype);
 #endif

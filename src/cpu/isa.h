@@ -6,7 +6,10 @@
 namespace flashback::cpu {
 
 // Ordered: each level implies the ones below it.
-// avx512bf16 adds AVX512_BF16 (vdpbf16ps, vcvtneps2bf16) to avx512; amx adds AMX-TILE and AMX-BF16.
+// avx512bf16 adds AVX512_BF16 to avx512; amx adds AMX-TILE and AMX-BF16.
+// avx512bf16 runs avx512's kernels: bf16 products with vdpbf16ps were measured slower than converting
+// bf16 to f32 once and multiplying with FMA (2.5x slower on an Intel Xeon, where vdpbf16ps runs at half
+// the f32 FMA rate; no faster on AMD Zen 4), so the level only marks where AMX can be emulated.
 enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, avx512bf16 = 3, amx = 4 };
 
 const char* isa_name(Isa isa);

@@ -67,8 +67,7 @@ struct KernelSet {
 const KernelSet& kernels_scalar(core::DType dtype);
 const KernelSet& kernels_avx2(core::DType dtype);
 const KernelSet& kernels_avx512(core::DType dtype);
-const KernelSet& kernels_avx512bf16(core::DType dtype); // bf16 products for bf16, else avx512's
-const KernelSet& kernels_amx(core::DType dtype, bool emulated); // AMX tiles for bf16, else avx512bf16's
+const KernelSet& kernels_amx(core::DType dtype, bool emulated); // AMX tiles for bf16, else avx512's
 
 // The kernel set for an instruction set this build has (falls back to the best one at or below it).
 const KernelSet& kernels_for(Isa isa, core::DType dtype);

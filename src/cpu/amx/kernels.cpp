@@ -221,7 +221,7 @@ struct AmxMicro {
 } // namespace
 
 const KernelSet& kernels_amx(core::DType dtype, bool emulated) {
-  if (dtype != core::DType::bf16) return kernels_avx512bf16(dtype);
+  if (dtype != core::DType::bf16) return kernels_avx512(dtype);
   if (emulated) return kernel_set_of<MathBf16<AmxMicro<EmulatedTiles>>>();
   return kernel_set_of<MathBf16<AmxMicro<RealTiles>>>();
 }

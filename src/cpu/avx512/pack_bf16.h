@@ -1,7 +1,7 @@
 // Packing for bf16 products (math_bf16.h), with AVX-512 BW and AVX512_BF16. Two operand formats:
 //   A: row-major bf16, the reduction index k contiguous: element (r, k) at a[r * lda + k].
 //   B: "VNNI" pairs, element (k, n) at b[(k / 2) * ldb + 2 * n + k % 2]: each 32-bit word holds the
-//      two k of one column n. vdpbf16ps and AMX TDPBF16PS both read this layout.
+//      two k of one column n. AMX TDPBF16PS reads this layout.
 // Every routine writes zeros into the padding it is given, so padded products add exact zeros.
 // Internal linkage; included only by translation units compiled with those flags.
 #pragma once
