@@ -156,6 +156,21 @@ void fma_ceiling(benchmark::State& state) {
   state.SetLabel(fma_ceiling_isa());
 }
 
+// The library's f32 microkernel alone, on L1-resident blocks of the forward's S^T = K Q^T shape
+// (64 x 64 x D), one per thread: the part of the gap to the ceiling that is the kernel's.
+void f32_microkernel(benchmark::State& state, int head_dim) {
+  if (f32_microkernel_flops(1, 0.001, 64, 64, head_dim) == 0) {
+    state.SkipWithError("no AVX-512 here");
+    for (auto _ : state) {
+    }
+    return;
+  }
+  double flops = 0;
+  for (auto _ : state) flops = f32_microkernel_flops(threads(), 1.0, 64, 64, head_dim);
+  state.counters["kernel_flops"] = flops;
+  state.counters["threads"] = threads();
+}
+
 // The bf16 product ceilings: vdpbf16ps, and AMX TDPBF16PS where the library runs AMX (it has asked
 // Linux for the tile state). Skipped where the CPU lacks them.
 void bf16_ceiling(benchmark::State& state, bool amx) {
@@ -183,6 +198,8 @@ void configure(benchmark::internal::Benchmark* b) {
 
 int register_all() {
   configure(benchmark::RegisterBenchmark("ceiling/fma_f32", fma_ceiling));
+  configure(benchmark::RegisterBenchmark("kernel/f32_64x64x128", f32_microkernel, 128));
+  configure(benchmark::RegisterBenchmark("kernel/f32_64x64x64", f32_microkernel, 64));
   configure(benchmark::RegisterBenchmark("ceiling/bf16_dot", bf16_ceiling, false));
   configure(benchmark::RegisterBenchmark("ceiling/bf16_amx", bf16_ceiling, true));
   for (const Case& c : kCases) {

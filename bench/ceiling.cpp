@@ -6,6 +6,7 @@ double fma_probe_avx512(int threads, long iters);
 double fma_probe_avx2(int threads, long iters);
 double dpbf16_probe(int threads, long iters);
 double amx_probe(int threads, long iters);
+double f32_microkernel_probe(int threads, long iters, int m, int n, int k);
 
 namespace {
 
@@ -29,6 +30,20 @@ double dpbf16_ceiling_flops(int threads, double seconds) {
 double amx_ceiling_flops(int threads, double seconds) {
   if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("amx-tile")) return 0;
   return best_of_three(&amx_probe, threads, seconds, 2.0 * 16 * 16 * 32 * 4 * threads);
+}
+
+double f32_microkernel_flops(int threads, double seconds, int m, int n, int k) {
+#if defined(FLASHBACK_BENCH_KERNEL)
+  if (!__builtin_cpu_supports("avx512f")) return 0;
+  // Medians, not best of three: the kernel is compared with attention's medians.
+  const long calib = 1000;
+  const double rate = f32_microkernel_probe(threads, calib, m, n, k);
+  const long iters = std::max<long>(calib, static_cast<long>(seconds * rate / (2.0 * m * n * k * threads)));
+  return f32_microkernel_probe(threads, iters, m, n, k);
+#else
+  (void)threads, (void)seconds, (void)m, (void)n, (void)k;
+  return 0;
+#endif
 }
 
 const char* fma_ceiling_isa() {

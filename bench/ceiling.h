@@ -10,3 +10,7 @@ const char* fma_ceiling_isa();
 // The same for bf16 products: vdpbf16ps (AVX512_BF16) and AMX TDPBF16PS. 0 when the CPU lacks it.
 double dpbf16_ceiling_flops(int threads, double seconds);
 double amx_ceiling_flops(int threads, double seconds); // needs the library's AMX permission first
+
+// The library's AVX-512 f32 microkernel on m x n x k blocks in L1, one per thread (bench/kernel_avx512.cpp).
+// 0 without AVX-512F or on a non-x86 build.
+double f32_microkernel_flops(int threads, double seconds, int m, int n, int k);
