@@ -156,15 +156,17 @@ void fma_ceiling(benchmark::State& state) {
   state.SetLabel(fma_ceiling_isa());
 }
 
+// A benchmark this machine cannot run: reported as skipped (report.py leaves it out).
+void skip(benchmark::State& state, const char* why) {
+  state.SkipWithError(why);
+  for (auto _ : state) {
+  }
+}
+
 // The library's f32 microkernel alone, on L1-resident blocks of the forward's S^T = K Q^T shape
 // (64 x 64 x D), one per thread: the part of the gap to the ceiling that is the kernel's.
 void f32_microkernel(benchmark::State& state, int head_dim) {
-  if (f32_microkernel_flops(1, 0.001, 64, 64, head_dim) == 0) {
-    state.SkipWithError("no AVX-512 here");
-    for (auto _ : state) {
-    }
-    return;
-  }
+  if (f32_microkernel_flops(1, 0.001, 64, 64, head_dim) == 0) return skip(state, "no AVX-512 here");
   double flops = 0;
   for (auto _ : state) flops = f32_microkernel_flops(threads(), 1.0, 64, 64, head_dim);
   state.counters["kernel_flops"] = flops;
@@ -174,12 +176,8 @@ void f32_microkernel(benchmark::State& state, int head_dim) {
 // The bf16 product ceilings: vdpbf16ps, and AMX TDPBF16PS where the library runs AMX (it has asked
 // Linux for the tile state). Skipped where the CPU lacks them.
 void bf16_ceiling(benchmark::State& state, bool amx) {
-  if (amx ? std::string(flashback::cpu_isa()) != "amx" : dpbf16_ceiling_flops(1, 0.01) == 0) {
-    state.SkipWithError(amx ? "no AMX here" : "no AVX512_BF16 here");
-    for (auto _ : state) {
-    }
-    return;
-  }
+  if (amx ? std::string(flashback::cpu_isa()) != "amx" : dpbf16_ceiling_flops(1, 0.01) == 0)
+    return skip(state, amx ? "no AMX here" : "no AVX512_BF16 here");
   double flops = 0;
   for (auto _ : state) flops = amx ? amx_ceiling_flops(threads(), 1.0) : dpbf16_ceiling_flops(threads(), 1.0);
   state.counters["bf16_ceiling_flops"] = flops;

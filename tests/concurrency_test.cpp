@@ -76,12 +76,7 @@ Result run(const Problem& p) {
 void expect_same(const Result& alone, const Result& together) {
   ASSERT_EQ(together.forward, FB_SUCCESS) << together.error;
   ASSERT_EQ(together.backward, FB_SUCCESS) << together.error;
-  EXPECT_TRUE(fbtest::same_bits("o", alone.out.o, together.out.o));
-  EXPECT_TRUE(fbtest::same_bits("lse", alone.out.lse, together.out.lse));
-  if (alone.out.dq.exists()) { EXPECT_TRUE(fbtest::same_bits("dq", alone.out.dq, together.out.dq)); }
-  if (alone.out.dk.exists()) { EXPECT_TRUE(fbtest::same_bits("dk", alone.out.dk, together.out.dk)); }
-  if (alone.out.dv.exists()) { EXPECT_TRUE(fbtest::same_bits("dv", alone.out.dv, together.out.dv)); }
-  if (alone.out.delta.exists()) { EXPECT_TRUE(fbtest::same_bits("delta", alone.out.delta, together.out.delta)); }
+  fbtest::expect_same_bits(alone.out, together.out);
 }
 
 // The calls one after another, then kCallers threads released together, each running its problem
