@@ -37,6 +37,16 @@ Case long_sequence(bool causal) {
   return c;
 }
 
+// Enough query blocks that the forward groups them (cpu/backend.cpp: forward_group): 4 per item for up
+// to 6 threads, 2 for 8; causal with Sq > Sk, so the first blocks see no key.
+Case grouped_query_blocks() {
+  Case c;
+  const flashback::cpu::Tiles t = fbtest::tiles_for(64, 64, false);
+  c.shape = {2, 4, 2, 9 * t.bm + 3, 3 * t.bn + 5, 64, 64};
+  c.opt.causal = true;
+  return c;
+}
+
 // Many heads, grouped, with a window: the threads split heads and kv heads.
 Case many_heads() {
   Case c;
@@ -79,7 +89,7 @@ TEST_F(Api, CallerWorkspaceGivesTheSameBits) {
 }
 
 TEST_F(Api, ThreadCountsGiveTheSameBits) {
-  for (Case c : {long_sequence(true), long_sequence(false), many_heads()}) {
+  for (Case c : {long_sequence(true), long_sequence(false), many_heads(), grouped_query_blocks()}) {
     SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
     const fbtest::Inputs in = inputs_for(c);
     c.threads = 1;

@@ -217,6 +217,22 @@ TEST_P(Attention, SequenceLengthsAroundForwardTiles) { check_cases(sequence_leng
 
 TEST_P(Attention, SequenceLengthsAroundBackwardTiles) { check_cases(sequence_length_cases(tiles(64, 64, true))); }
 
+// --- Query blocks grouped in the forward ----------------------------------------------------------------
+
+// The forward gives each key block to up to 4 query blocks of a head in turn (cpu/backend.cpp:
+// forward_group, 4 when each of the threads has 4 items of 4 blocks). 10 query blocks make groups of
+// 4, 4 and 2; under the causal mask with Sq > Sk the first blocks see no key, and the window gives each
+// block of a group its own key range.
+TEST_P(Attention, QueryBlockGroups) {
+  const flashback::cpu::Tiles t = tiles(64, 64, false);
+  std::vector<Case> cases;
+  for (Mask mask : {kNoMask, kCausal, window(t.bn + 7, 3)}) {
+    cases.push_back(make_case(2, 4, 2, 9 * t.bm + 3, 3 * t.bn + 5, 64, 64, mask));
+    cases.back().threads = 2; // 24 items of 4 query blocks: at least 4 per thread
+  }
+  check_cases(cases);
+}
+
 // --- Head dims ----------------------------------------------------------------------------------------
 
 TEST_P(Attention, HeadDims) {

@@ -4,7 +4,8 @@
 // this file, in its own translation unit with its flags, over its own tile math.
 //
 // Forward (FlashAttention-2): per (batch, head, query block), stream the visible key blocks with an
-// online softmax.
+// online softmax; a work item takes a few query blocks of a head (ForwardJob::q_group) and gives each
+// key block to all of them in turn.
 //
 // Backward: per (batch, kv head, key block), accumulate dK and dV over every query head of the group
 // and every visible query block. dQ receives each key block's contribution in increasing key-block
@@ -31,33 +32,56 @@ namespace {
 template <class Math>
 void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
   using T = typename Math::T;
+  using Forward = typename Math::Forward;
   const core::Problem& p = *job.p;
   const Tiles t = job.tiles;
-  // Items run from the last query block down: under a causal mask those see the most keys, so the
+  // Items run from the last query blocks down: under a causal mask those see the most keys, so the
   // dynamic schedule starts with the longest ones.
-  const int64_t bh = item / job.q_blocks, ib = job.q_blocks - 1 - item % job.q_blocks;
+  const int64_t groups = (job.q_blocks + job.q_group - 1) / job.q_group;
+  const int64_t bh = item / groups, first_ib = (groups - 1 - item % groups) * job.q_group;
   const int64_t b = bh / p.heads_q, h = bh % p.heads_q, hk = h / p.group();
-  const int64_t i0 = ib * t.bm, i1 = min64(p.seqlen_q, i0 + t.bm), rows = i1 - i0;
+  const int64_t blocks = min64(job.q_group, job.q_blocks - first_ib);
 
-  int64_t kfirst, klast;
-  p.band.keys_of_rows(i0, i1, p.seqlen_k, &kfirst, &klast);
-  if (kfirst > klast) { // no row of the block sees a key
-    T* o = row_ptr<T>(p.o, b, h, i0);
-    float* lse = p.lse.data + b * p.lse.sb + h * p.lse.sh + i0;
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t x = 0; x < p.head_dim_v; ++x) o[r * p.o.ss + x] = from_float<T>(0.0f);
-      lse[r] = -kInf;
+  // Each query block g has its scratch and its key blocks [jfirst[g], jlast[g]]; key block jb is added
+  // to every query block that sees it, one after the other, while its keys and values are in cache.
+  // Each query block still receives its key blocks in increasing order, as alone.
+  auto scratch_of = [&](int64_t g) { return scratch + (g < blocks ? g : 0) * job.block_scratch; };
+  static_assert(kMaxQueryGroup == 4);
+  Forward f[kMaxQueryGroup] = {{job, scratch_of(0)}, {job, scratch_of(1)}, {job, scratch_of(2)}, {job, scratch_of(3)}};
+  int64_t jfirst[kMaxQueryGroup], jlast[kMaxQueryGroup];
+  int64_t jmin = job.kv_blocks, jmax = -1;
+  for (int64_t g = 0; g < blocks; ++g) {
+    const int64_t i0 = (first_ib + g) * t.bm, rows = min64(p.seqlen_q, i0 + t.bm) - i0;
+    int64_t kfirst, klast;
+    p.band.keys_of_rows(i0, i0 + rows, p.seqlen_k, &kfirst, &klast);
+    jfirst[g] = kfirst / t.bn;
+    jlast[g] = kfirst <= klast ? klast / t.bn : jfirst[g] - 1;
+    if (jfirst[g] > jlast[g]) { // no row of the block sees a key
+      T* o = row_ptr<T>(p.o, b, h, i0);
+      float* lse = p.lse.data + b * p.lse.sb + h * p.lse.sh + i0;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t x = 0; x < p.head_dim_v; ++x) o[r * p.o.ss + x] = from_float<T>(0.0f);
+        lse[r] = -kInf;
+      }
+      continue;
     }
-    return;
+    f[g].begin(b, h, i0, rows);
+    jmin = min64(jmin, jfirst[g]);
+    jmax = jmax > jlast[g] ? jmax : jlast[g];
   }
-  typename Math::Forward f(job, scratch);
-  f.begin(b, h, i0, rows);
-  for (int64_t jb = kfirst / t.bn; jb <= klast / t.bn; ++jb) {
+  for (int64_t jb = jmin; jb <= jmax; ++jb) {
     const int64_t j0 = jb * t.bn, cols = min64(p.seqlen_k, j0 + t.bn) - j0;
-    const Mask mask = tile_mask(p.band, i0, j0);
-    f.add(b, hk, j0, cols, p.band.covers(i0, i1, j0, j0 + cols) ? nullptr : &mask, jb == kfirst / t.bn);
+    for (int64_t g = 0; g < blocks; ++g) {
+      if (jb < jfirst[g] || jb > jlast[g]) continue;
+      const int64_t i0 = (first_ib + g) * t.bm, i1 = min64(p.seqlen_q, i0 + t.bm);
+      const Mask mask = tile_mask(p.band, i0, j0);
+      f[g].add(b, hk, j0, cols, p.band.covers(i0, i1, j0, j0 + cols) ? nullptr : &mask, jb == jfirst[g]);
+    }
   }
-  f.finish(b, h, i0, rows);
+  for (int64_t g = 0; g < blocks; ++g) {
+    const int64_t i0 = (first_ib + g) * t.bm;
+    if (jfirst[g] <= jlast[g]) f[g].finish(b, h, i0, min64(p.seqlen_q, i0 + t.bm) - i0);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------

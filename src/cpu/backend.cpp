@@ -25,8 +25,9 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 const KernelSet& active_kernels(const core::Problem& p) { return kernels_for(active_isa(), p.dtype); }
 
-int64_t forward_items(const core::Problem& p, Tiles t) {
-  return p.batch * p.heads_q * ceil_div(p.seqlen_q, t.bm);
+// Forward items are groups of `group` query blocks of one head.
+int64_t forward_items(const core::Problem& p, Tiles t, int64_t group) {
+  return p.batch * p.heads_q * ceil_div(ceil_div(p.seqlen_q, t.bm), group);
 }
 int64_t backward_items(const core::Problem& p, Tiles t) {
   return p.batch * p.heads_kv * ceil_div(p.seqlen_k, t.bn);
@@ -43,19 +44,34 @@ void claim_items(std::atomic<int64_t>& next, int64_t n, Fn&& fn) {
   for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(item);
 }
 
-// The forward's workspace: per-thread scratch, then the operands the tile math packs once per call.
+// The forward's workspace: per-thread scratch (one block per query block of an item), then the
+// operands the tile math packs once per call.
 struct ForwardLayout {
   Tiles tiles;
   int threads = 1;
-  size_t scratch = 0, shared = 0;
-  size_t total() const { return kAlign + threads * scratch + shared; }
+  int64_t group = 1;
+  size_t block = 0, shared = 0;
+  size_t scratch() const { return group * block; } // per thread
+  size_t total() const { return kAlign + threads * scratch() + shared; }
 };
+
+// Query blocks per forward item: up to kMaxQueryGroup, so that the keys and values of a head are read
+// from memory once per group rather than once per query block, while every thread still has at least
+// 4 items to balance (a function of the problem and the thread count only; the results do not depend
+// on it).
+int64_t forward_group(const core::Problem& p, Tiles t) {
+  const int64_t want = 4 * static_cast<int64_t>(resolve_threads(p));
+  int64_t group = kMaxQueryGroup;
+  while (group > 1 && forward_items(p, t, group) < want) group /= 2;
+  return group;
+}
 
 ForwardLayout forward_layout(const core::Problem& p, const KernelSet& ks) {
   ForwardLayout l;
   l.tiles = ks.tiles(p, false);
-  l.threads = threads_for(p, forward_items(p, l.tiles));
-  l.scratch = align_up(ks.forward_scratch_bytes(p, l.tiles));
+  l.group = forward_group(p, l.tiles);
+  l.threads = threads_for(p, forward_items(p, l.tiles, l.group));
+  l.block = align_up(ks.forward_scratch_bytes(p, l.tiles));
   l.shared = align_up(ks.forward_shared_bytes(p, l.tiles));
   return l;
 }
@@ -140,10 +156,12 @@ void forward(const core::Problem& p, void* workspace) {
   job.tiles = l.tiles;
   job.q_blocks = ceil_div(p.seqlen_q, l.tiles.bm);
   job.kv_blocks = ceil_div(p.seqlen_k, l.tiles.bn);
-  const int64_t items = forward_items(p, l.tiles);
+  job.q_group = l.group;
+  job.block_scratch = l.block;
+  const int64_t items = forward_items(p, l.tiles, l.group);
   if (items == 0) return;
   char* scratch = align_ptr(workspace);
-  job.shared = scratch + l.threads * l.scratch;
+  job.shared = scratch + l.threads * l.scratch();
   const int64_t prepare_items = ks.forward_prepare_items(job);
   std::atomic<int64_t> next_prepare{0}, next{0};
   run_team(l.threads, [&](int tid, int nt) {
@@ -151,7 +169,7 @@ void forward(const core::Problem& p, void* workspace) {
       claim_items(next_prepare, prepare_items, [&](int64_t item) { ks.forward_prepare(job, item); });
       team_barrier(nt);
     }
-    char* mine = scratch + tid * l.scratch;
+    char* mine = scratch + tid * l.scratch();
     claim_items(next, items, [&](int64_t item) { ks.forward_item(job, item, mine); });
   });
 }

@@ -16,11 +16,18 @@ struct Tiles {
   int64_t bm = 0, bn = 0;
 };
 
-// Everything a forward work item needs; items are (batch, head, query block).
+// The most query blocks a forward work item runs side by side (ForwardJob::q_group).
+constexpr int64_t kMaxQueryGroup = 4;
+
+// Everything a forward work item needs; items are (batch, head, group of q_group query blocks).
 struct ForwardJob {
   const core::Problem* p = nullptr;
   Tiles tiles;
   int64_t q_blocks = 0, kv_blocks = 0; // per (batch, head)
+  // Query blocks per item: each key block is used by all of them while it is in cache. The item's
+  // scratch is q_group blocks of block_scratch bytes, one per query block.
+  int64_t q_group = 1;
+  size_t block_scratch = 0;
   char* shared = nullptr;              // forward_shared_bytes, 64-byte aligned: operands packed once
 };
 
