@@ -37,12 +37,13 @@ Case long_sequence(bool causal) {
   return c;
 }
 
-// Enough query blocks that the forward groups them (cpu/backend.cpp: forward_group): 4 per item for up
-// to 6 threads, 2 for 8; causal with Sq > Sk, so the first blocks see no key.
-Case grouped_query_blocks() {
+// Enough blocks that work items group them (cpu/backend.cpp: group_for): forward 4 query blocks per
+// item for 1 to 6 threads, 2 for 8; backward 4 key blocks for 1 or 2 threads, 2 for 3, 1 for 4 and 8.
+// Causal with Sq > Sk: the first query blocks see no key.
+Case grouped_blocks() {
   Case c;
-  const flashback::cpu::Tiles t = fbtest::tiles_for(64, 64, false);
-  c.shape = {2, 4, 2, 9 * t.bm + 3, 3 * t.bn + 5, 64, 64};
+  const flashback::cpu::Tiles f = fbtest::tiles_for(64, 64, false), b = fbtest::tiles_for(64, 64, true);
+  c.shape = {2, 4, 2, 9 * f.bm + 3, 5 * b.bn + 5, 64, 64};
   c.opt.causal = true;
   return c;
 }
@@ -89,7 +90,7 @@ TEST_F(Api, CallerWorkspaceGivesTheSameBits) {
 }
 
 TEST_F(Api, ThreadCountsGiveTheSameBits) {
-  for (Case c : {long_sequence(true), long_sequence(false), many_heads(), grouped_query_blocks()}) {
+  for (Case c : {long_sequence(true), long_sequence(false), many_heads(), grouped_blocks()}) {
     SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
     const fbtest::Inputs in = inputs_for(c);
     c.threads = 1;

@@ -217,19 +217,21 @@ TEST_P(Attention, SequenceLengthsAroundForwardTiles) { check_cases(sequence_leng
 
 TEST_P(Attention, SequenceLengthsAroundBackwardTiles) { check_cases(sequence_length_cases(tiles(64, 64, true))); }
 
-// --- Query blocks grouped in the forward ----------------------------------------------------------------
+// --- Blocks grouped into work items --------------------------------------------------------------------
 
-// The forward gives each key block to up to 4 query blocks of a head in turn (cpu/backend.cpp:
-// forward_group, 4 when each of the threads has 4 items of 4 blocks). 10 query blocks make groups of
-// 4, 4 and 2; under the causal mask with Sq > Sk the first blocks see no key, and the window gives each
-// block of a group its own key range.
-TEST_P(Attention, QueryBlockGroups) {
-  const flashback::cpu::Tiles t = tiles(64, 64, false);
-  std::vector<Case> cases;
-  for (Mask mask : {kNoMask, kCausal, window(t.bn + 7, 3)}) {
-    cases.push_back(make_case(2, 4, 2, 9 * t.bm + 3, 3 * t.bn + 5, 64, 64, mask));
-    cases.back().threads = 2; // 24 items of 4 query blocks: at least 4 per thread
-  }
+// A forward work item gives each key block to up to 4 query blocks of a head in turn, a backward item
+// each query block to up to 4 key blocks (cpu/backend.cpp: group_for, 4 when each thread still has 4
+// items). 10 blocks make groups of 4, 4 and 2. Causal with Sq > Sk leaves the first query blocks
+// without keys; the window with Sk > Sq leaves the first key blocks without queries and gives each
+// block of a group its own range.
+TEST_P(Attention, BlockGroups) {
+  const flashback::cpu::Tiles f = tiles(64, 64, false), b = tiles(64, 64, true);
+  std::vector<Case> cases = {
+      make_case(2, 4, 2, 9 * f.bm + 3, 9 * b.bn + 5, 64, 64, kNoMask),
+      make_case(2, 4, 2, 9 * f.bm + 3, 3 * b.bn + 5, 64, 64, kCausal),
+      make_case(2, 4, 2, 2 * f.bm + 3, 9 * b.bn + 5, 64, 64, window(b.bn + 7, 3)),
+  };
+  for (Case& c : cases) c.threads = 2; // B * H = 8 or 4 heads: groups of 4 leave each thread 4 items
   check_cases(cases);
 }
 

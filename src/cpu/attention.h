@@ -8,9 +8,11 @@
 // key block to all of them in turn.
 //
 // Backward: per (batch, kv head, key block), accumulate dK and dV over every query head of the group
-// and every visible query block. dQ receives each key block's contribution in increasing key-block
-// order (dq_next), so the sums are the same bits for any thread count and schedule. Items are
-// claimed in increasing order; the lowest item in progress never waits, so this cannot deadlock.
+// and every visible query block; a work item takes a few key blocks (BackwardJob::k_group) and gives
+// each query block to all of them in turn. dQ receives each key block's contribution in increasing
+// key-block order (dq_next), so the sums are the same bits for any thread count and schedule. Items
+// are claimed in increasing order; the lowest item in progress never waits (the key blocks before
+// its own are done, or its own and already added), so this cannot deadlock.
 //
 // A Math policy provides: T (storage type), tiles(), *_scratch_bytes() (per thread), *_shared_bytes()
 // and *_prepare() (operands packed once per call, e.g. bf16 tiles; may be empty), dot(), and the
@@ -46,9 +48,9 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
   // to every query block that sees it, one after the other, while its keys and values are in cache.
   // Each query block still receives its key blocks in increasing order, as alone.
   auto scratch_of = [&](int64_t g) { return scratch + (g < blocks ? g : 0) * job.block_scratch; };
-  static_assert(kMaxQueryGroup == 4);
-  Forward f[kMaxQueryGroup] = {{job, scratch_of(0)}, {job, scratch_of(1)}, {job, scratch_of(2)}, {job, scratch_of(3)}};
-  int64_t jfirst[kMaxQueryGroup], jlast[kMaxQueryGroup];
+  static_assert(kMaxGroup == 4);
+  Forward f[kMaxGroup] = {{job, scratch_of(0)}, {job, scratch_of(1)}, {job, scratch_of(2)}, {job, scratch_of(3)}};
+  int64_t jfirst[kMaxGroup], jlast[kMaxGroup];
   int64_t jmin = job.kv_blocks, jmax = -1;
   for (int64_t g = 0; g < blocks; ++g) {
     const int64_t i0 = (first_ib + g) * t.bm, rows = min64(p.seqlen_q, i0 + t.bm) - i0;
@@ -127,30 +129,54 @@ inline void pass_turn(int64_t* next, int64_t jb) { __atomic_store_n(next, jb + 1
 
 template <class Math>
 void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
+  using Backward = typename Math::Backward;
   const core::Problem& p = *job.p;
   const Tiles t = job.tiles;
-  const int64_t bhk = item / job.kv_blocks, jb = item % job.kv_blocks;
+  const int64_t groups = (job.kv_blocks + job.k_group - 1) / job.k_group;
+  const int64_t bhk = item / groups, first_jb = item % groups * job.k_group;
   const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
-  const int64_t j0 = jb * t.bn, cols = min64(p.seqlen_k, j0 + t.bn) - j0;
+  const int64_t blocks = min64(job.k_group, job.kv_blocks - first_jb);
 
-  typename Math::Backward w(job, scratch);
-  w.begin(b, hk, j0, cols);
-  int64_t ifirst, ilast;
-  p.band.rows_of_keys(j0, j0 + cols, p.seqlen_q, &ifirst, &ilast);
-  for (int64_t h = hk * p.group(); h < (hk + 1) * p.group() && ifirst <= ilast; ++h) {
-    for (int64_t ib = ifirst / t.bm; ib <= ilast / t.bm; ++ib) {
+  // Each key block g has its scratch and its query blocks [ifirst[g], ilast[g]]; query block ib is
+  // given to every key block that it sees, in increasing key-block order, while its rows are in cache.
+  auto scratch_of = [&](int64_t g) { return scratch + (g < blocks ? g : 0) * job.block_scratch; };
+  static_assert(kMaxGroup == 4);
+  Backward w[kMaxGroup] = {{job, scratch_of(0)}, {job, scratch_of(1)}, {job, scratch_of(2)}, {job, scratch_of(3)}};
+  int64_t ifirst[kMaxGroup], ilast[kMaxGroup];
+  int64_t imin = job.q_blocks, imax = -1;
+  for (int64_t g = 0; g < blocks; ++g) {
+    const int64_t j0 = (first_jb + g) * t.bn, cols = min64(p.seqlen_k, j0 + t.bn) - j0;
+    w[g].begin(b, hk, j0, cols);
+    int64_t rfirst, rlast;
+    p.band.rows_of_keys(j0, j0 + cols, p.seqlen_q, &rfirst, &rlast);
+    ifirst[g] = rfirst / t.bm;
+    ilast[g] = rfirst <= rlast ? rlast / t.bm : ifirst[g] - 1;
+    if (ifirst[g] <= ilast[g]) {
+      imin = min64(imin, ifirst[g]);
+      imax = imax > ilast[g] ? imax : ilast[g];
+    }
+  }
+  for (int64_t h = hk * p.group(); h < (hk + 1) * p.group() && imin <= imax; ++h) {
+    for (int64_t ib = imin; ib <= imax; ++ib) {
       const int64_t i0 = ib * t.bm, rows = min64(p.seqlen_q, i0 + t.bm) - i0;
-      const Mask mask = tile_mask(p.band, i0, j0);
-      w.add(b, h, i0, rows, p.band.covers(i0, i0 + rows, j0, j0 + cols) ? nullptr : &mask);
-      if (job.need_dq) { // dq [rows][D] += dS K, in key-block order
-        int64_t* next = job.dq_next + (b * p.heads_q + h) * job.q_blocks + ib;
-        wait_turn(next, jb);
-        w.add_dq(job.dq_acc + b * job.dq_sb + h * job.dq_sh + i0 * job.dq_ss, job.dq_ss);
-        pass_turn(next, jb);
+      for (int64_t g = 0; g < blocks; ++g) {
+        if (ib < ifirst[g] || ib > ilast[g]) continue;
+        const int64_t jb = first_jb + g, j0 = jb * t.bn, cols = min64(p.seqlen_k, j0 + t.bn) - j0;
+        const Mask mask = tile_mask(p.band, i0, j0);
+        w[g].add(b, h, i0, rows, p.band.covers(i0, i0 + rows, j0, j0 + cols) ? nullptr : &mask);
+        if (job.need_dq) { // dq [rows][D] += dS K, in key-block order
+          int64_t* next = job.dq_next + (b * p.heads_q + h) * job.q_blocks + ib;
+          wait_turn(next, jb);
+          w[g].add_dq(job.dq_acc + b * job.dq_sb + h * job.dq_sh + i0 * job.dq_ss, job.dq_ss);
+          pass_turn(next, jb);
+        }
       }
     }
   }
-  w.finish(b, hk, j0, cols);
+  for (int64_t g = 0; g < blocks; ++g) {
+    const int64_t j0 = (first_jb + g) * t.bn;
+    w[g].finish(b, hk, j0, min64(p.seqlen_k, j0 + t.bn) - j0);
+  }
 }
 
 // Rows [begin, end) of dq from the f32 accumulator (half precision: rounded once, at the end).

@@ -25,12 +25,13 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 const KernelSet& active_kernels(const core::Problem& p) { return kernels_for(active_isa(), p.dtype); }
 
-// Forward items are groups of `group` query blocks of one head.
+// Forward items are groups of `group` query blocks of one head; backward items, groups of `group`
+// key blocks of one kv head.
 int64_t forward_items(const core::Problem& p, Tiles t, int64_t group) {
   return p.batch * p.heads_q * ceil_div(ceil_div(p.seqlen_q, t.bm), group);
 }
-int64_t backward_items(const core::Problem& p, Tiles t) {
-  return p.batch * p.heads_kv * ceil_div(p.seqlen_k, t.bn);
+int64_t backward_items(const core::Problem& p, Tiles t, int64_t group) {
+  return p.batch * p.heads_kv * ceil_div(ceil_div(p.seqlen_k, t.bn), group);
 }
 
 // Threads that can have work: never more than the items.
@@ -55,21 +56,22 @@ struct ForwardLayout {
   size_t total() const { return kAlign + threads * scratch() + shared; }
 };
 
-// Query blocks per forward item: up to kMaxQueryGroup, so that the keys and values of a head are read
-// from memory once per group rather than once per query block, while every thread still has at least
-// 4 items to balance (a function of the problem and the thread count only; the results do not depend
-// on it).
-int64_t forward_group(const core::Problem& p, Tiles t) {
+// Blocks per work item: up to kMaxGroup, so that the operands the blocks share (the keys and values of
+// a head in the forward; the queries, dO and dQ rows in the backward) are read from memory once per
+// group rather than once per block, while every thread still has at least 4 items to balance. A
+// function of the problem and the thread count only; the results do not depend on it.
+template <class Items>
+int64_t group_for(const core::Problem& p, Tiles t, Items&& items) {
   const int64_t want = 4 * static_cast<int64_t>(resolve_threads(p));
-  int64_t group = kMaxQueryGroup;
-  while (group > 1 && forward_items(p, t, group) < want) group /= 2;
+  int64_t group = kMaxGroup;
+  while (group > 1 && items(p, t, group) < want) group /= 2;
   return group;
 }
 
 ForwardLayout forward_layout(const core::Problem& p, const KernelSet& ks) {
   ForwardLayout l;
   l.tiles = ks.tiles(p, false);
-  l.group = forward_group(p, l.tiles);
+  l.group = group_for(p, l.tiles, forward_items);
   l.threads = threads_for(p, forward_items(p, l.tiles, l.group));
   l.block = align_up(ks.forward_scratch_bytes(p, l.tiles));
   l.shared = align_up(ks.forward_shared_bytes(p, l.tiles));
@@ -81,15 +83,18 @@ ForwardLayout forward_layout(const core::Problem& p, const KernelSet& ks) {
 struct BackwardLayout {
   Tiles tiles;
   int threads = 1;
-  size_t scratch = 0, rows = 0, counters = 0, dq_acc = 0, shared = 0;
-  size_t total() const { return kAlign + threads * scratch + 2 * rows + counters + dq_acc + shared; }
+  int64_t group = 1;
+  size_t block = 0, rows = 0, counters = 0, dq_acc = 0, shared = 0;
+  size_t scratch() const { return group * block; } // per thread
+  size_t total() const { return kAlign + threads * scratch() + 2 * rows + counters + dq_acc + shared; }
 };
 
 BackwardLayout backward_layout(const core::Problem& p, const KernelSet& ks) {
   BackwardLayout l;
   l.tiles = ks.tiles(p, true);
-  l.threads = threads_for(p, backward_items(p, l.tiles));
-  l.scratch = align_up(ks.backward_scratch_bytes(p, l.tiles));
+  l.group = group_for(p, l.tiles, backward_items);
+  l.threads = threads_for(p, backward_items(p, l.tiles, l.group));
+  l.block = align_up(ks.backward_scratch_bytes(p, l.tiles));
   const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
   l.rows = align_up(static_cast<size_t>(rows) * sizeof(float));
   if (p.dq) {
@@ -189,7 +194,7 @@ void backward(const core::Problem& p, void* workspace) {
   job.need_dv = static_cast<bool>(p.dv);
   char* at = align_ptr(workspace);
   char* scratch = at;
-  at += l.threads * l.scratch;
+  at += l.threads * l.scratch();
   job.delta = reinterpret_cast<float*>(at);
   at += l.rows;
   job.lse2 = reinterpret_cast<float*>(at);
@@ -210,7 +215,9 @@ void backward(const core::Problem& p, void* workspace) {
   at += l.dq_acc;
   job.shared = at;
   const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
-  const int64_t items = backward_items(p, l.tiles);
+  job.k_group = l.group;
+  job.block_scratch = l.block;
+  const int64_t items = backward_items(p, l.tiles, l.group);
   const int64_t prepare_items = ks.backward_prepare_items(job);
   std::atomic<int64_t> next_prepare{0}, next{0};
   run_team(l.threads, [&](int tid, int nt) {
@@ -222,7 +229,7 @@ void backward(const core::Problem& p, void* workspace) {
     claim_items(next_prepare, prepare_items, [&](int64_t item) { ks.backward_prepare(job, item); });
     team_barrier(nt);
     // Phase 2: key blocks, claimed in increasing order.
-    char* mine = scratch + tid * l.scratch;
+    char* mine = scratch + tid * l.scratch();
     claim_items(next, items, [&](int64_t item) { ks.backward_item(job, item, mine); });
     // Phase 3: half-precision dq, rounded once from its f32 total.
     if (l.dq_acc) {

@@ -16,8 +16,9 @@ struct Tiles {
   int64_t bm = 0, bn = 0;
 };
 
-// The most query blocks a forward work item runs side by side (ForwardJob::q_group).
-constexpr int64_t kMaxQueryGroup = 4;
+// The most blocks a work item runs side by side: query blocks in the forward (ForwardJob::q_group),
+// key blocks in the backward (BackwardJob::k_group).
+constexpr int64_t kMaxGroup = 4;
 
 // Everything a forward work item needs; items are (batch, head, group of q_group query blocks).
 struct ForwardJob {
@@ -31,12 +32,16 @@ struct ForwardJob {
   char* shared = nullptr;              // forward_shared_bytes, 64-byte aligned: operands packed once
 };
 
-// Everything a backward work item needs; items are (batch, kv head, key block), claimed in increasing
-// order (the dQ ordering relies on it).
+// Everything a backward work item needs; items are (batch, kv head, group of k_group key blocks),
+// claimed in increasing order (the dQ ordering relies on it).
 struct BackwardJob {
   const core::Problem* p = nullptr;
   Tiles tiles;
   int64_t q_blocks = 0, kv_blocks = 0;
+  // Key blocks per item: each query block is used by all of them while it is in cache. The item's
+  // scratch is k_group blocks of block_scratch bytes, one per key block.
+  int64_t k_group = 1;
+  size_t block_scratch = 0;
   bool need_dq = false, need_dk = false, need_dv = false;
   float* delta = nullptr;    // [B * Hq * Sq] rowsum(dout * o), contiguous
   float* lse2 = nullptr;     // [B * Hq * Sq] lse * log2(e), contiguous
