@@ -6,6 +6,7 @@ The committed seeds are this script's output; run it again after changing a harn
 layout and workspace mode, and one of each defect the harness knows, so that libFuzzer starts from
 inputs that reach deep into the library instead of rediscovering the format.
 """
+import base64
 import os
 import struct
 import sys
@@ -110,6 +111,9 @@ def c_api_seeds():
     seeds["late_alias"] = c_api_seed(late=0x30)
     for r in (240, 241, 242, 243, 244, 249, 250):
         seeds[f"reserved_{r}"] = c_api_seed(reserved=r)
+    # Found by the fuzzer at d9e251f: window sides of INT64_MAX with Sq > Sk overflowed the reference's
+    # visibility test (tests/reference.cpp), which checks the library's results.
+    seeds["window_int64_max"] = base64.b64decode("BQADAU7RAAAfGgAAJwAAAAAAAAAAAAAAAAABAABAAAAAAAAAAA==")
     seeds["scale_nan"] = c_api_seed(scale_index=7)
     seeds["scale_underflow"] = c_api_seed(scale_index=9)
     return seeds

@@ -7,9 +7,11 @@ namespace ref {
 
 bool visible(const Shape& s, const Options& o, int64_t i, int64_t j) {
   const int64_t right = o.causal ? 0 : o.window_right;
-  const int64_t diag = i + s.seqlen_k - s.seqlen_q; // the key query i is aligned with
-  if (o.window_left >= 0 && j < diag - o.window_left) return false;
-  if (right >= 0 && j > diag + right) return false;
+  // j relative to the key query i is aligned with (i + Sk - Sq); compared with the window sides, which
+  // may be as large as INT64_MAX, without adding to them
+  const int64_t offset = j - (i + s.seqlen_k - s.seqlen_q);
+  if (o.window_left >= 0 && -offset > o.window_left) return false;
+  if (right >= 0 && offset > right) return false;
   return true;
 }
 

@@ -131,6 +131,19 @@ TEST(ReferenceVisibility, BottomRightAlignment) {
   EXPECT_TRUE(ref::visible(tall, causal, 3, 0));
 }
 
+// Window sides up to INT64_MAX (the API accepts any value >= -1) mean unbounded, with no overflow (the
+// sanitizer job runs this under UBSan; the fuzzer found one at Sq > Sk).
+TEST(ReferenceVisibility, HugeWindowSides) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const ref::Shape tall{1, 1, 1, 80, 5, 1, 1}; // query i sits on key i - 75
+  for (int64_t i : {int64_t{0}, int64_t{79}})
+    for (int64_t j : {int64_t{0}, int64_t{4}}) {
+      EXPECT_TRUE(ref::visible(tall, mask(false, kMax, kMax), i, j));
+      EXPECT_EQ(ref::visible(tall, mask(false, kMax, 0), i, j), j <= i - 75);
+      EXPECT_EQ(ref::visible(tall, mask(false, 0, kMax), i, j), j >= i - 75);
+    }
+}
+
 TEST(ReferenceForward, UniformScoresAverageTheVisibleValues) {
   // q = 0: every visible score is 0, so o is the mean of the visible v rows and lse = log(count).
   const ref::Shape s{1, 1, 1, 3, 5, 2, 3};
