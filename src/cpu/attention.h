@@ -29,6 +29,30 @@ namespace flashback::cpu {
 namespace {
 
 // ---------------------------------------------------------------------------------------------------
+// Work items of several blocks
+
+// The tile workers (Math::Forward or Math::Backward) of an item of `blocks` blocks, each on its own
+// job.block_scratch bytes of the thread's scratch; those past `blocks` share the first one's and are
+// never begun.
+template <class W>
+struct Workers {
+  W at[kMaxGroup];
+};
+template <class W, class Job>
+Workers<W> workers(const Job& job, char* scratch, int64_t blocks) {
+  auto of = [&](int64_t g) { return scratch + (g < blocks ? g : 0) * job.block_scratch; };
+  static_assert(kMaxGroup == 4);
+  return {{{job, of(0)}, {job, of(1)}, {job, of(2)}, {job, of(3)}}};
+}
+
+// The blocks of `size` that hold elements [first, last]; an empty range (first > last) gives
+// *block_last = *block_first - 1.
+inline void block_range(int64_t first, int64_t last, int64_t size, int64_t* block_first, int64_t* block_last) {
+  *block_first = first / size;
+  *block_last = first <= last ? last / size : *block_first - 1;
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Forward
 
 template <class Math>
@@ -47,17 +71,15 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
   // Each query block g has its scratch and its key blocks [jfirst[g], jlast[g]]; key block jb is added
   // to every query block that sees it, one after the other, while its keys and values are in cache.
   // Each query block still receives its key blocks in increasing order, as alone.
-  auto scratch_of = [&](int64_t g) { return scratch + (g < blocks ? g : 0) * job.block_scratch; };
-  static_assert(kMaxGroup == 4);
-  Forward f[kMaxGroup] = {{job, scratch_of(0)}, {job, scratch_of(1)}, {job, scratch_of(2)}, {job, scratch_of(3)}};
+  Workers<Forward> group = workers<Forward>(job, scratch, blocks);
+  Forward* f = group.at;
   int64_t jfirst[kMaxGroup], jlast[kMaxGroup];
   int64_t jmin = job.kv_blocks, jmax = -1;
   for (int64_t g = 0; g < blocks; ++g) {
     const int64_t i0 = (first_ib + g) * t.bm, rows = min64(p.seqlen_q, i0 + t.bm) - i0;
     int64_t kfirst, klast;
     p.band.keys_of_rows(i0, i0 + rows, p.seqlen_k, &kfirst, &klast);
-    jfirst[g] = kfirst / t.bn;
-    jlast[g] = kfirst <= klast ? klast / t.bn : jfirst[g] - 1;
+    block_range(kfirst, klast, t.bn, &jfirst[g], &jlast[g]);
     if (jfirst[g] > jlast[g]) { // no row of the block sees a key
       T* o = row_ptr<T>(p.o, b, h, i0);
       float* lse = p.lse.data + b * p.lse.sb + h * p.lse.sh + i0;
@@ -139,9 +161,8 @@ void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
 
   // Each key block g has its scratch and its query blocks [ifirst[g], ilast[g]]; query block ib is
   // given to every key block that it sees, in increasing key-block order, while its rows are in cache.
-  auto scratch_of = [&](int64_t g) { return scratch + (g < blocks ? g : 0) * job.block_scratch; };
-  static_assert(kMaxGroup == 4);
-  Backward w[kMaxGroup] = {{job, scratch_of(0)}, {job, scratch_of(1)}, {job, scratch_of(2)}, {job, scratch_of(3)}};
+  Workers<Backward> group = workers<Backward>(job, scratch, blocks);
+  Backward* w = group.at;
   int64_t ifirst[kMaxGroup], ilast[kMaxGroup];
   int64_t imin = job.q_blocks, imax = -1;
   for (int64_t g = 0; g < blocks; ++g) {
@@ -149,8 +170,7 @@ void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
     w[g].begin(b, hk, j0, cols);
     int64_t rfirst, rlast;
     p.band.rows_of_keys(j0, j0 + cols, p.seqlen_q, &rfirst, &rlast);
-    ifirst[g] = rfirst / t.bm;
-    ilast[g] = rfirst <= rlast ? rlast / t.bm : ifirst[g] - 1;
+    block_range(rfirst, rlast, t.bm, &ifirst[g], &ilast[g]);
     if (ifirst[g] <= ilast[g]) {
       imin = min64(imin, ifirst[g]);
       imax = imax > ilast[g] ? imax : ilast[g];
