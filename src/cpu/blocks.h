@@ -53,6 +53,24 @@ struct Carver {
   float* floats(int64_t n) { return take<float>(n); }
 };
 
+// The bytes of a scratch layout: Scratch(p, t, nullptr, &bytes) carves nothing and only measures.
+template <class Scratch>
+size_t carved_bytes(const core::Problem& p, Tiles t) {
+  int64_t bytes = 0;
+  Scratch(p, t, nullptr, &bytes);
+  return static_cast<size_t>(bytes);
+}
+
+// Prepare item `item` = (b, head, block) over `heads` heads of `blocks` blocks of `size` rows each:
+// the block's first row and its number of rows (of `seqlen`).
+struct RowBlock {
+  int64_t b, head, first, rows;
+};
+inline RowBlock row_block(int64_t item, int64_t heads, int64_t blocks, int64_t size, int64_t seqlen) {
+  const int64_t bh = item / blocks, first = item % blocks * size;
+  return {bh / heads, bh % heads, first, min64(seqlen, first + size) - first};
+}
+
 template <class T>
 T* row_ptr(const core::Strided4& t, int64_t b, int64_t h, int64_t s) {
   return static_cast<T*>(t.data) + b * t.sb + h * t.sh + s * t.ss;

@@ -76,13 +76,13 @@ struct MathBf16 {
   static void forward_prepare(const ForwardJob& job, int64_t item) {
     const core::Problem& p = *job.p;
     const Dims z(p, job.tiles);
-    const int64_t bhk = item / job.kv_blocks, jb = item % job.kv_blocks;
-    const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
-    const int64_t j0 = jb * job.tiles.bn, cols = min64(p.seqlen_k, j0 + job.tiles.bn) - j0;
-    bf16* ktb = kv_block(job, z, b, hk, jb);
+    const RowBlock k = row_block(item, p.heads_kv, job.kv_blocks, job.tiles.bn, p.seqlen_k);
+    const T* ksrc = row_ptr<const T>(p.k, k.b, k.head, k.first);
+    const T* vsrc = row_ptr<const T>(p.v, k.b, k.head, k.first);
+    bf16* ktb = kv_block(job, z, k.b, k.head, item % job.kv_blocks);
     bf16* vb = ktb + round_up(z.dk / 2 * 2 * z.bnp, 32);
-    PackBf16::vnni_t(row_ptr<const T>(p.k, b, hk, j0), p.k.ss, cols, p.head_dim, ktb, 2 * z.bnp, z.dk, z.bnp);
-    PackBf16::vnni(row_ptr<const T>(p.v, b, hk, j0), p.v.ss, cols, p.head_dim_v, vb, 2 * z.dvn, z.bnk, z.dvn);
+    PackBf16::vnni_t(ksrc, p.k.ss, k.rows, p.head_dim, ktb, 2 * z.bnp, z.dk, z.bnp);
+    PackBf16::vnni(vsrc, p.v.ss, k.rows, p.head_dim_v, vb, 2 * z.dvn, z.bnk, z.dvn);
   }
 
   // Per-thread scratch of the forward: qa [BMp][Dk] bf16, s [BMp][BNp] f32, pa, pa_lo [BMp][BNk] bf16
@@ -105,11 +105,7 @@ struct MathBf16 {
       if (bytes) *bytes = c.used;
     }
   };
-  static size_t forward_scratch_bytes(const core::Problem& p, Tiles t) {
-    int64_t bytes = 0;
-    ForwardScratch(p, t, nullptr, &bytes);
-    return static_cast<size_t>(bytes);
-  }
+  static size_t forward_scratch_bytes(const core::Problem& p, Tiles t) { return carved_bytes<ForwardScratch>(p, t); }
 
   class Forward {
    public:
@@ -219,12 +215,11 @@ struct MathBf16 {
   static void backward_prepare(const BackwardJob& job, int64_t item) {
     const core::Problem& p = *job.p;
     const Dims z(p, job.tiles);
-    const int64_t bh = item / job.q_blocks, ib = item % job.q_blocks;
-    const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
-    const int64_t i0 = ib * job.tiles.bm, rows = min64(p.seqlen_q, i0 + job.tiles.bm) - i0;
-    const QBlock q = q_block(job, z, bh, ib);
-    const T* qsrc = row_ptr<const T>(p.q, b, h, i0);
-    const T* dsrc = row_ptr<const T>(p.dout, b, h, i0);
+    const RowBlock r = row_block(item, p.heads_q, job.q_blocks, job.tiles.bm, p.seqlen_q);
+    const int64_t rows = r.rows;
+    const QBlock q = q_block(job, z, item / job.q_blocks, item % job.q_blocks);
+    const T* qsrc = row_ptr<const T>(p.q, r.b, r.head, r.first);
+    const T* dsrc = row_ptr<const T>(p.dout, r.b, r.head, r.first);
     PackBf16::rows(qsrc, p.q.ss, rows, p.head_dim, const_cast<bf16*>(q.qa), z.dk, z.bmp);
     PackBf16::vnni(qsrc, p.q.ss, rows, p.head_dim, const_cast<bf16*>(q.qb), 2 * z.dn, z.bmk, z.dn);
     PackBf16::rows(dsrc, p.dout.ss, rows, p.head_dim_v, const_cast<bf16*>(q.doa), z.dvk, z.bmp);
@@ -263,11 +258,7 @@ struct MathBf16 {
       if (bytes) *bytes = c.used;
     }
   };
-  static size_t backward_scratch_bytes(const core::Problem& p, Tiles t) {
-    int64_t bytes = 0;
-    BackwardScratch(p, t, nullptr, &bytes);
-    return static_cast<size_t>(bytes);
-  }
+  static size_t backward_scratch_bytes(const core::Problem& p, Tiles t) { return carved_bytes<BackwardScratch>(p, t); }
 
   class Backward {
    public:

@@ -65,13 +65,11 @@ struct MathF32 {
   // Key block `item` = (b, hk, jb) of K and V in f32.
   static void forward_prepare(const ForwardJob& job, int64_t item) {
     const core::Problem& p = *job.p;
-    const int64_t bhk = item / job.kv_blocks, jb = item % job.kv_blocks;
-    const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
-    const int64_t j0 = jb * job.tiles.bn, cols = min64(p.seqlen_k, j0 + job.tiles.bn) - j0;
+    const RowBlock k = row_block(item, p.heads_kv, job.kv_blocks, job.tiles.bn, p.seqlen_k);
     float* vf;
     float* kf = converted(job.shared, p, job.tiles.bn, item, &vf);
-    convert(row_ptr<const T>(p.k, b, hk, j0), p.k.ss, p.head_dim, row_ptr<const T>(p.v, b, hk, j0), p.v.ss,
-            p.head_dim_v, cols, kf, vf);
+    convert(row_ptr<const T>(p.k, k.b, k.head, k.first), p.k.ss, p.head_dim,
+            row_ptr<const T>(p.v, k.b, k.head, k.first), p.v.ss, p.head_dim_v, k.rows, kf, vf);
   }
 
   static size_t backward_shared_bytes(const core::Problem& p, Tiles t) {
@@ -85,13 +83,11 @@ struct MathF32 {
   // Query block `item` = (b, h, ib) of Q and dO in f32.
   static void backward_prepare(const BackwardJob& job, int64_t item) {
     const core::Problem& p = *job.p;
-    const int64_t bh = item / job.q_blocks, ib = item % job.q_blocks;
-    const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
-    const int64_t i0 = ib * job.tiles.bm, rows = min64(p.seqlen_q, i0 + job.tiles.bm) - i0;
+    const RowBlock q = row_block(item, p.heads_q, job.q_blocks, job.tiles.bm, p.seqlen_q);
     float* dof;
     float* qf = converted(job.shared, p, job.tiles.bm, item, &dof);
-    convert(row_ptr<const T>(p.q, b, h, i0), p.q.ss, p.head_dim, row_ptr<const T>(p.dout, b, h, i0), p.dout.ss,
-            p.head_dim_v, rows, qf, dof);
+    convert(row_ptr<const T>(p.q, q.b, q.head, q.first), p.q.ss, p.head_dim,
+            row_ptr<const T>(p.dout, q.b, q.head, q.first), p.dout.ss, p.head_dim_v, q.rows, qf, dof);
   }
 
   // Per-thread scratch of the forward, in floats:
@@ -118,11 +114,7 @@ struct MathF32 {
     }
   };
 
-  static size_t forward_scratch_bytes(const core::Problem& p, Tiles t) {
-    int64_t bytes = 0;
-    ForwardScratch(p, t, nullptr, &bytes);
-    return static_cast<size_t>(bytes);
-  }
+  static size_t forward_scratch_bytes(const core::Problem& p, Tiles t) { return carved_bytes<ForwardScratch>(p, t); }
 
   class Forward {
    public:
@@ -210,11 +202,7 @@ struct MathF32 {
     }
   };
 
-  static size_t backward_scratch_bytes(const core::Problem& p, Tiles t) {
-    int64_t bytes = 0;
-    BackwardScratch(p, t, nullptr, &bytes);
-    return static_cast<size_t>(bytes);
-  }
+  static size_t backward_scratch_bytes(const core::Problem& p, Tiles t) { return carved_bytes<BackwardScratch>(p, t); }
 
   class Backward {
    public:
