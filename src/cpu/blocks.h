@@ -61,14 +61,14 @@ size_t carved_bytes(const core::Problem& p, Tiles t) {
   return static_cast<size_t>(bytes);
 }
 
-// Prepare item `item` = (b, head, block) over `heads` heads of `blocks` blocks of `size` rows each:
-// the block's first row and its number of rows (of `seqlen`).
+// Prepare item `item` = (b, head, block) over `heads` heads of `blocks` blocks of `size` rows each,
+// with the block's first row and its number of rows (of `seqlen`).
 struct RowBlock {
-  int64_t b, head, first, rows;
+  int64_t b, head, block, first, rows;
 };
 inline RowBlock row_block(int64_t item, int64_t heads, int64_t blocks, int64_t size, int64_t seqlen) {
-  const int64_t bh = item / blocks, first = item % blocks * size;
-  return {bh / heads, bh % heads, first, min64(seqlen, first + size) - first};
+  const int64_t bh = item / blocks, block = item % blocks, first = block * size;
+  return {bh / heads, bh % heads, block, first, min64(seqlen, first + size) - first};
 }
 
 template <class T>

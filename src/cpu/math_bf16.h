@@ -79,7 +79,7 @@ struct MathBf16 {
     const RowBlock k = row_block(item, p.heads_kv, job.kv_blocks, job.tiles.bn, p.seqlen_k);
     const T* ksrc = row_ptr<const T>(p.k, k.b, k.head, k.first);
     const T* vsrc = row_ptr<const T>(p.v, k.b, k.head, k.first);
-    bf16* ktb = kv_block(job, z, k.b, k.head, item % job.kv_blocks);
+    bf16* ktb = kv_block(job, z, k.b, k.head, k.block);
     bf16* vb = ktb + round_up(z.dk / 2 * 2 * z.bnp, 32);
     PackBf16::vnni_t(ksrc, p.k.ss, k.rows, p.head_dim, ktb, 2 * z.bnp, z.dk, z.bnp);
     PackBf16::vnni(vsrc, p.v.ss, k.rows, p.head_dim_v, vb, 2 * z.dvn, z.bnk, z.dvn);
@@ -216,14 +216,13 @@ struct MathBf16 {
     const core::Problem& p = *job.p;
     const Dims z(p, job.tiles);
     const RowBlock r = row_block(item, p.heads_q, job.q_blocks, job.tiles.bm, p.seqlen_q);
-    const int64_t rows = r.rows;
-    const QBlock q = q_block(job, z, item / job.q_blocks, item % job.q_blocks);
+    const QBlock q = q_block(job, z, r.b * p.heads_q + r.head, r.block);
     const T* qsrc = row_ptr<const T>(p.q, r.b, r.head, r.first);
     const T* dsrc = row_ptr<const T>(p.dout, r.b, r.head, r.first);
-    PackBf16::rows(qsrc, p.q.ss, rows, p.head_dim, const_cast<bf16*>(q.qa), z.dk, z.bmp);
-    PackBf16::vnni(qsrc, p.q.ss, rows, p.head_dim, const_cast<bf16*>(q.qb), 2 * z.dn, z.bmk, z.dn);
-    PackBf16::rows(dsrc, p.dout.ss, rows, p.head_dim_v, const_cast<bf16*>(q.doa), z.dvk, z.bmp);
-    PackBf16::vnni(dsrc, p.dout.ss, rows, p.head_dim_v, const_cast<bf16*>(q.dob), 2 * z.dvn, z.bmk, z.dvn);
+    PackBf16::rows(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qa), z.dk, z.bmp);
+    PackBf16::vnni(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qb), 2 * z.dn, z.bmk, z.dn);
+    PackBf16::rows(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.doa), z.dvk, z.bmp);
+    PackBf16::vnni(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.dob), 2 * z.dvn, z.bmk, z.dvn);
   }
 
   // Per-thread scratch of the backward:
