@@ -16,7 +16,8 @@
 //
 // A Math policy provides: T (storage type), tiles(), *_scratch_bytes() (per thread), *_shared_bytes()
 // and *_prepare() (operands packed once per call, e.g. bf16 tiles; may be empty), dot(), and the
-// classes Forward {begin, add, finish} and Backward {begin, add, add_dq, finish}.
+// classes Forward {begin, add, finish} and Backward {begin, add, add_dq, finish}; optionally
+// thread_begin() and thread_end() (KernelSet).
 //
 // Internal linkage on purpose (see blocks.h).
 #pragma once
@@ -213,6 +214,17 @@ void backward_store_dq(const BackwardJob& job, int64_t begin, int64_t end) {
 }
 
 template <class Math>
+constexpr void (*thread_begin_of())() {
+  if constexpr (requires { Math::thread_begin(); }) return &Math::thread_begin;
+  return nullptr;
+}
+template <class Math>
+constexpr void (*thread_end_of())() {
+  if constexpr (requires { Math::thread_end(); }) return &Math::thread_end;
+  return nullptr;
+}
+
+template <class Math>
 const KernelSet& kernel_set_of() {
   static const KernelSet set{
       Math::isa,
@@ -229,6 +241,8 @@ const KernelSet& kernel_set_of() {
       &backward_rows<Math>,
       &backward_item<Math>,
       &backward_store_dq<Math>,
+      thread_begin_of<Math>(),
+      thread_end_of<Math>(),
   };
   return set;
 }

@@ -45,6 +45,14 @@ void claim_items(std::atomic<int64_t>& next, int64_t n, Fn&& fn) {
   for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(item);
 }
 
+// Runs the work items a thread claims, inside the kernel set's per-thread state (AMX tiles).
+template <class Fn>
+void claim_work_items(const KernelSet& ks, std::atomic<int64_t>& next, int64_t n, Fn&& fn) {
+  if (ks.thread_begin) ks.thread_begin();
+  claim_items(next, n, fn);
+  if (ks.thread_end) ks.thread_end();
+}
+
 // The forward's workspace: per-thread scratch (one block per query block of an item), then the
 // operands the tile math packs once per call.
 struct ForwardLayout {
@@ -175,7 +183,7 @@ void forward(const core::Problem& p, void* workspace) {
       team_barrier(nt);
     }
     char* mine = scratch + tid * l.scratch();
-    claim_items(next, items, [&](int64_t item) { ks.forward_item(job, item, mine); });
+    claim_work_items(ks, next, items, [&](int64_t item) { ks.forward_item(job, item, mine); });
   });
 }
 
@@ -230,7 +238,7 @@ void backward(const core::Problem& p, void* workspace) {
     team_barrier(nt);
     // Phase 2: key blocks, claimed in increasing order.
     char* mine = scratch + tid * l.scratch();
-    claim_items(next, items, [&](int64_t item) { ks.backward_item(job, item, mine); });
+    claim_work_items(ks, next, items, [&](int64_t item) { ks.backward_item(job, item, mine); });
     // Phase 3: half-precision dq, rounded once from its f32 total.
     if (l.dq_acc) {
       team_barrier(nt);

@@ -73,6 +73,12 @@ struct KernelSet {
   void (*backward_item)(const BackwardJob& job, int64_t item, char* scratch);
   // Rows [begin, end): dq = dq_acc (converted) when the accumulator is not the caller's dq.
   void (*backward_store_dq)(const BackwardJob& job, int64_t begin, int64_t end);
+
+  // Per-thread state of the work items (AMX: the tile configuration), set up by each thread before its
+  // first forward_item or backward_item of a call and torn down after its last; null when the tile
+  // math has none.
+  void (*thread_begin)();
+  void (*thread_end)();
 };
 
 // Each ISA's kernel set for a storage type (f32, bf16 or f16).

@@ -13,7 +13,8 @@
 // input behind a masked zero never reaches a row that does not see it; they are a small fraction of the
 // tiles.
 //
-// BMicro provides: isa, tiles(), kK (the k granule: operands are zero-padded to it), and
+// BMicro provides: isa, tiles(), kK (the k granule: operands are zero-padded to it), begin() and end()
+// (a thread's tile state around its work items: thread_begin, thread_end below), and
 //   gemm(m, n, k, a, a_lo, lda, b, ldb, c, ldc, acc, row_scale):
 //     C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) B, a_lo may be null,
 //   with A in the A format (rows up to round_up(m, 16) readable) and B in the VNNI format (columns
@@ -44,6 +45,8 @@ struct MathBf16 {
 
   static Tiles tiles(const core::Problem& p, bool backward) { return BMicro::tiles(p, backward); }
   static float dot(const T* a, const T* b, int64_t n) { return F::dot(a, b, n); }
+  static void thread_begin() { BMicro::begin(); }
+  static void thread_end() { BMicro::end(); }
 
   // Padded sizes: k dims to kK, m and n dims to 16.
   struct Dims {

@@ -10,6 +10,8 @@
 // slow: for tests only).
 #include <immintrin.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "cpu/avx512/v512.h"
@@ -19,9 +21,10 @@
 namespace flashback::cpu {
 namespace {
 
-// Palette 1, all eight tiles 16 rows x 64 bytes. The configuration is loaded at the start of every
-// GEMM call (a few dozen cycles against its hundreds of tile products) and released at its end, so
-// no tile state outlives a call on any thread.
+// Palette 1, all eight tiles 16 rows x 64 bytes. Loaded once per thread per call, before the thread's
+// first work item, and released after its last (KernelSet::thread_begin / thread_end, the way oneDNN
+// configures once per kernel call), so no tile state outlives a call on any thread; every GEMM in
+// between keeps it and loads its C, A and B tiles from memory.
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
   uint8_t start_row = 0;
@@ -84,32 +87,49 @@ struct RealTiles {
 };
 
 // TDPBF16PS in software, per the Intel SDM: for each element, the two products of a pair are added
-// to the f32 accumulator in order (bf16 products are exact in f32).
+// to the f32 accumulator in order (bf16 products are exact in f32). Like the hardware, which raises
+// #UD for a tile instruction without a loaded configuration, it stops the program when a tile is used
+// outside begin() / end(): the tests then show that every GEMM runs inside a thread's configuration.
 struct EmulatedTiles {
   struct Regs {
     alignas(64) uint8_t t[8][16][64];
+    bool configured = false;
   };
   static Regs& regs() {
     static thread_local Regs r;
     return r;
   }
-  static void begin() { std::memset(&regs(), 0, sizeof(Regs)); }
-  static void end() {}
+  static Regs& configured_regs() {
+    Regs& g = regs();
+    if (!g.configured) {
+      std::fputs("flashback: AMX tile used without a tile configuration on this thread\n", stderr);
+      std::abort();
+    }
+    return g;
+  }
+  static void begin() {
+    std::memset(regs().t, 0, sizeof regs().t); // LDTILECFG zeroes every tile
+    regs().configured = true;
+  }
+  static void end() { regs().configured = false; }
   template <int t>
   static void load(const void* p, int64_t stride) {
-    for (int r = 0; r < 16; ++r) std::memcpy(regs().t[t][r], static_cast<const char*>(p) + r * stride, 64);
+    Regs& g = configured_regs();
+    for (int r = 0; r < 16; ++r) std::memcpy(g.t[t][r], static_cast<const char*>(p) + r * stride, 64);
   }
   template <int t>
   static void store(void* p, int64_t stride) {
-    for (int r = 0; r < 16; ++r) std::memcpy(static_cast<char*>(p) + r * stride, regs().t[t][r], 64);
+    Regs& g = configured_regs();
+    for (int r = 0; r < 16; ++r) std::memcpy(static_cast<char*>(p) + r * stride, g.t[t][r], 64);
   }
   template <int t>
   static void zero() {
-    std::memset(regs().t[t], 0, sizeof regs().t[t]);
+    Regs& g = configured_regs();
+    std::memset(g.t[t], 0, sizeof g.t[t]);
   }
   template <int c, int a, int b>
   static void dot() {
-    Regs& g = regs();
+    Regs& g = configured_regs();
     for (int m = 0; m < 16; ++m)
       for (int n = 0; n < 16; ++n) {
         float acc;
@@ -136,6 +156,9 @@ struct AmxMicro {
   static Tiles tiles(const core::Problem& p, bool backward) {
     return choose_tiles(isa, p.head_dim, p.head_dim_v, backward);
   }
+  // The tile configuration of a thread's work items: gemm runs only between the two.
+  static void begin() { TileOps::begin(); }
+  static void end() { TileOps::end(); }
 
   // A 16 x 16 block of C at (r0, c0): in place when it lies inside [m][n], else through `edge`.
   struct Block {
@@ -172,7 +195,8 @@ struct AmxMicro {
   // C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) B; A, A_lo bf16 [>= round_up(m, 16)][kk] (lda),
   // B VNNI [kk/2][ldb] with >= round_up(n, 16) columns, kk a multiple of 32.
   // Blocks of 32 x 32 of C in four tiles (0-3), A in tiles 4-5, B in tiles 6-7; an edge block of C
-  // goes through a 16 x 16 buffer so nothing outside [m][n] is read or written.
+  // goes through a 16 x 16 buffer so nothing outside [m][n] is read or written. Between begin() and
+  // end() of the calling thread.
   static void gemm(int64_t m, int64_t n, int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda, const bf16* b,
                    int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale) {
     if (acc && row_scale)
@@ -183,7 +207,6 @@ struct AmxMicro {
           _mm512_mask_storeu_ps(p, in, _mm512_mul_ps(_mm512_maskz_loadu_ps(in, p), _mm512_set1_ps(row_scale[r])));
         }
     alignas(64) float edge[4][16 * 16];
-    TileOps::begin();
     for (int64_t r0 = 0; r0 < m; r0 += 32)
       for (int64_t c0 = 0; c0 < n; c0 += 32) {
         const bool two_rows = r0 + 16 < m, two_cols = c0 + 16 < n;
@@ -214,7 +237,6 @@ struct AmxMicro {
         if (two_rows) store_c<2>(c10, c + (r0 + 16) * ldc + c0, ldc);
         if (two_rows && two_cols) store_c<3>(c11, c + (r0 + 16) * ldc + c0 + 16, ldc);
       }
-    TileOps::end();
   }
 };
 
