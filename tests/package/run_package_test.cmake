@@ -1,7 +1,9 @@
 # Installs the build tree into a fresh prefix, then configures, builds and runs the consumer project
-# in tests/package against it with find_package(flashback). Offline: nothing is downloaded.
-#   cmake -DBUILD_DIR=... -DCONSUMER_DIR=... -DWORK_DIR=... [-DBUILD_TYPE= -DC_COMPILER= -DCXX_COMPILER=
-#         -DCXX_FLAGS= -DEXE_LINKER_FLAGS= -DGENERATOR=] -P run_package_test.cmake
+# in tests/package against it with find_package(flashback); then, where pkg-config is installed,
+# builds and runs the C example with the flags `pkg-config flashback` gives, against the shared and
+# the static library. Offline: nothing is downloaded.
+#   cmake -DBUILD_DIR=... -DCONSUMER_DIR=... -DWORK_DIR=... [-DC_EXAMPLE= -DBUILD_TYPE= -DC_COMPILER=
+#         -DCXX_COMPILER= -DCXX_FLAGS= -DEXE_LINKER_FLAGS= -DGENERATOR=] -P run_package_test.cmake
 cmake_minimum_required(VERSION 3.20)
 
 function(run_step what)
@@ -41,5 +43,43 @@ endif()
 run_step("building the consumer" "${CMAKE_COMMAND}" --build "${build}")
 foreach(exe consumer_shared consumer_static)
   run_step("running ${exe}" "${build}/${exe}")
+  message(STATUS "${exe}: ${step_output}")
+endforeach()
+
+# --- pkg-config ---------------------------------------------------------------------------------------
+find_program(PKG_CONFIG NAMES pkg-config pkgconf)
+if(NOT PKG_CONFIG OR NOT DEFINED C_EXAMPLE OR NOT DEFINED C_COMPILER OR "${C_COMPILER}" STREQUAL "")
+  message(STATUS "pkg-config consumer: skipped (needs pkg-config, C_EXAMPLE and C_COMPILER)")
+  return()
+endif()
+file(GLOB_RECURSE pc_files "${prefix}/flashback.pc")
+list(LENGTH pc_files n)
+if(NOT n EQUAL 1)
+  message(FATAL_ERROR "the install should hold one flashback.pc, found ${n}: ${pc_files}")
+endif()
+get_filename_component(pc_dir "${pc_files}" DIRECTORY)
+# Only the installed file may answer, as a user's PKG_CONFIG_PATH would point at it.
+set(ENV{PKG_CONFIG_PATH} "${pc_dir}")
+set(ENV{PKG_CONFIG_LIBDIR} "${pc_dir}")
+function(pkg_config out)
+  run_step("pkg-config ${ARGN}" "${PKG_CONFIG}" ${ARGN} flashback)
+  string(STRIP "${step_output}" flags)
+  separate_arguments(flags UNIX_COMMAND "${flags}")
+  set(${out} ${flags} PARENT_SCOPE)
+endfunction()
+pkg_config(cflags --cflags)
+pkg_config(libs --libs)
+pkg_config(static_libs --static --libs)
+# The static archive: -lflashback between -Bstatic and -Bdynamic, the private libraries after it.
+list(TRANSFORM static_libs REPLACE "^-lflashback$" "-Wl,-Bstatic;-lflashback;-Wl,-Bdynamic")
+separate_arguments(link_flags UNIX_COMMAND "${EXE_LINKER_FLAGS}")
+get_filename_component(libdir "${pc_dir}" DIRECTORY)
+run_step("compiling the C example with pkg-config's flags (shared)"
+  "${C_COMPILER}" ${cflags} "${C_EXAMPLE}" -o "${WORK_DIR}/c_example_shared" ${libs} ${link_flags}
+  "-Wl,-rpath,${libdir}")
+run_step("compiling the C example with pkg-config's flags (static)"
+  "${C_COMPILER}" ${cflags} "${C_EXAMPLE}" -o "${WORK_DIR}/c_example_static" ${static_libs} ${link_flags})
+foreach(exe c_example_shared c_example_static)
+  run_step("running ${exe}" "${WORK_DIR}/${exe}")
   message(STATUS "${exe}: ${step_output}")
 endforeach()
