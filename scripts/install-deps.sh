@@ -10,6 +10,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev     # the flashback program's flags and safetensors headers
   clang libclang-rt-14-dev libomp-dev # libFuzzer, sanitizer runtimes, OpenMP for clang (fuzz/)
   valgrind time                       # memcheck run, /usr/bin/time -v for peak memory
+  pkg-config                          # the package test's pkg-config consumer
 )
 
 missing=()
