@@ -28,7 +28,7 @@ lib.fb_tensor_contiguous4.restype = Tensor
 lib.fb_tensor_contiguous4.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_int64] * 4
 lib.fb_tensor_contiguous3.restype = Tensor
 lib.fb_tensor_contiguous3.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_int64] * 3
-lib.fb_params_init.argtypes = [P(Params)]
+lib.fb_params_init.argtypes = [ctypes.c_void_p]
 lib.fb_forward.argtypes = [P(Tensor)] * 5 + [P(Params), ctypes.c_void_p, ctypes.c_size_t]
 lib.fb_backward.argtypes = [P(Tensor)] * 10 + [P(Params), ctypes.c_void_p, ctypes.c_size_t]
 lib.fb_last_error.restype = ctypes.c_char_p
@@ -58,9 +58,12 @@ def tensor(x):
 tq, tk, tv, to, tdout, tdq, tdk, tdv = map(tensor, (q, k, v, o, dout, dq, dk, dv))
 tlse = lib.fb_tensor_contiguous3(lse, FB_F32, B, H, S)
 
-params = Params()
-lib.fb_params_init(ctypes.byref(params))  # always: it sets struct_size and the defaults
-assert params.struct_size == ctypes.sizeof(Params), "Params does not match this library's fb_params"
+# Always start from fb_params_init: it sets struct_size and the defaults. Initialized in a roomy
+# buffer first, so that a Params smaller than this library's fb_params is caught, not overrun.
+raw = ctypes.create_string_buffer(1024)
+lib.fb_params_init(raw)
+assert Params.from_buffer(raw).struct_size == ctypes.sizeof(Params), "Params does not match fb_params"
+params = Params.from_buffer_copy(raw, 0)
 params.causal = 1
 
 check(lib.fb_forward(tq, tk, tv, to, tlse, params, None, 0), "fb_forward")
