@@ -73,7 +73,7 @@ pkg_config(static_libs --static --libs)
 # The static archive: -lflashback between -Bstatic and -Bdynamic, the private libraries after it.
 list(TRANSFORM static_libs REPLACE "^-lflashback$" "-Wl,-Bstatic;-lflashback;-Wl,-Bdynamic")
 separate_arguments(link_flags UNIX_COMMAND "${EXE_LINKER_FLAGS}")
-get_filename_component(libdir "${pc_dir}" DIRECTORY)
+pkg_config(libdir --variable=libdir)
 run_step("compiling the C example with pkg-config's flags (shared)"
   "${C_COMPILER}" ${cflags} "${C_EXAMPLE}" -o "${WORK_DIR}/c_example_shared" ${libs} ${link_flags}
   "-Wl,-rpath,${libdir}")
