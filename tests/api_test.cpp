@@ -89,6 +89,47 @@ TEST_F(Api, CallerWorkspaceGivesTheSameBits) {
   }
 }
 
+// Tensors need no alignment beyond their element's: rows 4 or 16 bytes past a cache line (numpy's and
+// malloc's 16-byte alignment) give the same bits as rows on cache lines (the test buffers start on
+// one, like a framework's tensors). Shapes of several blocks, remainders, grouped heads, masked and
+// unmasked tiles, the packed layout; half precision too, whose copies are converted or packed.
+TEST_F(Api, RowAlignmentGivesTheSameBits) {
+  const flashback::cpu::Tiles f = fbtest::tiles_for(64, 64, false), b = fbtest::tiles_for(64, 64, true);
+  std::vector<Case> cases(4);
+  cases[0].shape = {1, 4, 2, 2 * b.bm + 5, 3 * f.bn + 7, 64, 64};
+  cases[1].shape = {2, 2, 1, f.bm + 3, 2 * b.bn + 1, 128, 80};
+  cases[1].opt.causal = true;
+  cases[2].shape = {1, 2, 2, 2 * b.bm + 1, b.bn + 9, 48, 32};
+  cases[2].opt.window_left = 40;
+  cases[2].opt.window_right = 5;
+  cases[3].shape = {1, 2, 2, f.bm + 9, f.bm + 9, 64, 64};
+  cases[3].packed = true;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    for (fb_dtype dtype : {FB_F32, FB_BF16, FB_F16}) {
+      if (dtype != FB_F32 && i > 0) continue; // half precision runs on converted or packed copies anyway
+      Case c = cases[i];
+      c.dtype = dtype;
+      c.shift = 0;
+      SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
+      const fbtest::Inputs in = inputs_for(c);
+      ASSERT_EQ(reinterpret_cast<uintptr_t>(in.q.raw().data) % 64, 0u) << "shift 0 should start on a cache line";
+      const Outputs aligned = run(c, in);
+      for (int64_t shift : {1, 4}) {
+        Case moved = c;
+        moved.shift = shift;
+        SCOPED_TRACE("shift=" + std::to_string(shift));
+        std::mt19937_64 rng(0);
+        fbtest::Inputs in_moved = fbtest::make_inputs(moved, rng);
+        for (auto [from, to] : {std::pair{&in.q, &in_moved.q}, {&in.k, &in_moved.k}, {&in.v, &in_moved.v},
+                                {&in.dout, &in_moved.dout}})
+          to->write(from->read());
+        ASSERT_NE(reinterpret_cast<uintptr_t>(in_moved.q.raw().data) % 64, 0u);
+        expect_same_bits(aligned, run(moved, in_moved));
+      }
+    }
+  }
+}
+
 TEST_F(Api, ThreadCountsGiveTheSameBits) {
   for (Case c : {long_sequence(true), long_sequence(false), many_heads(), grouped_blocks()}) {
     SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());

@@ -96,7 +96,9 @@ const char* layout_name(Layout l) {
 
 namespace {
 
-constexpr int64_t kGuard = 16; // elements before and after the views of every buffer
+// Elements before and after the views of every buffer: 64 bytes, so the views start where the
+// buffer's cache lines do (plus the layout's lead and the shift).
+int64_t guard(fb_dtype dtype) { return 64 / static_cast<int64_t>(dtype_size(dtype)); }
 
 struct Placement {
   std::vector<int64_t> stride;
@@ -243,29 +245,29 @@ std::vector<float> round_to(fb_dtype t, std::vector<float> x) {
   return x;
 }
 
-Tensor Tensor::make(Layout layout, const std::vector<int64_t>& shape, fb_dtype dtype) {
+Tensor Tensor::make(Layout layout, const std::vector<int64_t>& shape, fb_dtype dtype, int64_t shift) {
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = shape;
   const Placement p = shape.size() == 4 ? place4(layout, shape[0], shape[1], shape[2], shape[3])
                                         : place3(layout, shape[0], shape[1], shape[2]);
   t.stride_ = p.stride;
-  t.offset_ = kGuard + p.lead;
+  t.offset_ = guard(dtype) + p.lead + shift;
   const int64_t extent = product(shape) == 0 ? 0 : max_offset(shape, t.stride_) + 1;
-  t.buf_ = std::make_shared<std::vector<unsigned char>>((t.offset_ + extent + kGuard) * dtype_size(dtype), 0);
+  t.buf_ = std::make_shared<Buffer>((t.offset_ + extent + guard(dtype)) * dtype_size(dtype), 0);
   return t;
 }
 
-std::vector<Tensor> Tensor::packed3(int64_t b, int64_t s, int64_t h, int64_t d, fb_dtype dtype) {
+std::vector<Tensor> Tensor::packed3(int64_t b, int64_t s, int64_t h, int64_t d, fb_dtype dtype, int64_t shift) {
   const std::vector<int64_t> stride = {s * 3 * h * d, d, 3 * h * d, 1};
-  auto buf = std::make_shared<std::vector<unsigned char>>((2 * kGuard + b * s * 3 * h * d) * dtype_size(dtype), 0);
+  auto buf = std::make_shared<Buffer>((2 * guard(dtype) + shift + b * s * 3 * h * d) * dtype_size(dtype), 0);
   std::vector<Tensor> views(3);
   for (int i = 0; i < 3; ++i) {
     views[i].buf_ = buf;
     views[i].dtype_ = dtype;
     views[i].shape_ = {b, h, s, d};
     views[i].stride_ = stride;
-    views[i].offset_ = kGuard + i * h * d;
+    views[i].offset_ = guard(dtype) + shift + i * h * d;
   }
   return views;
 }
@@ -344,7 +346,7 @@ void poison(const std::vector<const Tensor*>& outputs) {
 }
 
 ::testing::AssertionResult only_views_written(const std::vector<const Tensor*>& outputs) {
-  std::map<const std::vector<unsigned char>*, std::pair<const Tensor*, std::vector<char>>> inside;
+  std::map<const Buffer*, std::pair<const Tensor*, std::vector<char>>> inside;
   for (const Tensor* t : outputs) { // buffer -> (a tensor of it, element is in some view)
     auto& [any, mask] = inside[&t->bytes()];
     any = t;
@@ -364,7 +366,7 @@ void poison(const std::vector<const Tensor*>& outputs) {
 
 Snapshot::Snapshot(const std::vector<const Tensor*>& tensors) {
   for (const Tensor* t : tensors) {
-    const std::vector<unsigned char>* buf = &t->bytes();
+    const Buffer* buf = &t->bytes();
     if (std::none_of(copies_.begin(), copies_.end(), [&](const auto& c) { return c.first == buf; }))
       copies_.emplace_back(buf, *buf);
   }
@@ -551,6 +553,7 @@ std::string Case::describe() const {
     }
   }
   if (rows != Layout::bhsd) d << " rows=" << layout_name(rows);
+  if (shift) d << " shift=" << shift;
   d << " grads=" << (want_dq ? "dq," : "") << (want_dk ? "dk," : "") << (want_dv ? "dv," : "")
     << (want_delta ? "delta" : "");
   if (threads) d << " threads=" << threads;
@@ -575,16 +578,16 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
   const ref::Shape& s = c.shape;
   Inputs in;
   if (c.packed) {
-    std::vector<Tensor> qkv = Tensor::packed3(s.batch, s.seqlen_q, s.heads_q, s.head_dim, c.dtype);
+    std::vector<Tensor> qkv = Tensor::packed3(s.batch, s.seqlen_q, s.heads_q, s.head_dim, c.dtype, c.shift);
     in.q = qkv[0];
     in.k = qkv[1];
     in.v = qkv[2];
   } else {
-    in.q = Tensor::make(c.q, {s.batch, s.heads_q, s.seqlen_q, s.head_dim}, c.dtype);
-    in.k = Tensor::make(c.k, {s.batch, s.heads_kv, s.seqlen_k, s.head_dim}, c.dtype);
-    in.v = Tensor::make(c.v, {s.batch, s.heads_kv, s.seqlen_k, s.head_dim_v}, c.dtype);
+    in.q = Tensor::make(c.q, {s.batch, s.heads_q, s.seqlen_q, s.head_dim}, c.dtype, c.shift);
+    in.k = Tensor::make(c.k, {s.batch, s.heads_kv, s.seqlen_k, s.head_dim}, c.dtype, c.shift);
+    in.v = Tensor::make(c.v, {s.batch, s.heads_kv, s.seqlen_k, s.head_dim_v}, c.dtype, c.shift);
   }
-  in.dout = Tensor::make(c.dout, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, c.dtype);
+  in.dout = Tensor::make(c.dout, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, c.dtype, c.shift);
   for (Tensor* t : {&in.q, &in.k, &in.v, &in.dout}) t->fill_normal(rng);
   return in;
 }
@@ -592,18 +595,18 @@ Inputs make_inputs(const Case& c, std::mt19937_64& rng) {
 Outputs make_outputs(const Case& c) {
   const ref::Shape& s = c.shape;
   Outputs out;
-  out.o = Tensor::make(c.o, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, c.dtype);
+  out.o = Tensor::make(c.o, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, c.dtype, c.shift);
   out.lse = Tensor::make(c.rows, {s.batch, s.heads_q, s.seqlen_q});
   Tensor dq, dk, dv;
   if (c.packed) {
-    std::vector<Tensor> g = Tensor::packed3(s.batch, s.seqlen_q, s.heads_q, s.head_dim, c.dtype);
+    std::vector<Tensor> g = Tensor::packed3(s.batch, s.seqlen_q, s.heads_q, s.head_dim, c.dtype, c.shift);
     dq = g[0];
     dk = g[1];
     dv = g[2];
   } else {
-    dq = Tensor::make(c.dq, {s.batch, s.heads_q, s.seqlen_q, s.head_dim}, c.dtype);
-    dk = Tensor::make(c.dk, {s.batch, s.heads_kv, s.seqlen_k, s.head_dim}, c.dtype);
-    dv = Tensor::make(c.dv, {s.batch, s.heads_kv, s.seqlen_k, s.head_dim_v}, c.dtype);
+    dq = Tensor::make(c.dq, {s.batch, s.heads_q, s.seqlen_q, s.head_dim}, c.dtype, c.shift);
+    dk = Tensor::make(c.dk, {s.batch, s.heads_kv, s.seqlen_k, s.head_dim}, c.dtype, c.shift);
+    dv = Tensor::make(c.dv, {s.batch, s.heads_kv, s.seqlen_k, s.head_dim_v}, c.dtype, c.shift);
   }
   if (c.want_dq) out.dq = dq;
   if (c.want_dk) out.dk = dk;

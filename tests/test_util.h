@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <new>
 #include <optional>
 #include <random>
 #include <string>
@@ -56,14 +57,31 @@ enum class Layout {
 };
 const char* layout_name(Layout l);
 
+// Storage that starts on a cache line, as a framework's tensors do (PyTorch's CPU allocator aligns to
+// 64 bytes), so where a view's rows start is decided by its layout and shift, not by malloc.
+template <class X>
+struct LineAligned {
+  using value_type = X;
+  LineAligned() = default;
+  template <class Y>
+  LineAligned(const LineAligned<Y>&) {}
+  X* allocate(size_t n) { return static_cast<X*>(::operator new(n * sizeof(X), std::align_val_t{64})); }
+  void deallocate(X* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  bool operator==(const LineAligned&) const { return true; }
+};
+using Buffer = std::vector<unsigned char, LineAligned<unsigned char>>;
+
 // A strided view of a backing buffer that may hold other views too, in f32, bf16 or f16. Every
 // buffer has guard elements before and after the views, so a stray write next to a view is seen.
+// The guard before is 64 bytes, so a contiguous view whose rows are a multiple of 64 bytes has every
+// row on a cache line; `shift` elements more move it off (Api.RowAlignmentGivesTheSameBits).
 class Tensor {
  public:
   Tensor() = default;
-  static Tensor make(Layout layout, const std::vector<int64_t>& shape, fb_dtype dtype = FB_F32);
+  static Tensor make(Layout layout, const std::vector<int64_t>& shape, fb_dtype dtype = FB_F32, int64_t shift = 0);
   // q, k, v as views of one packed [B, S, 3, H, D] buffer (FlashAttention's qkvpacked layout).
-  static std::vector<Tensor> packed3(int64_t b, int64_t s, int64_t h, int64_t d, fb_dtype dtype = FB_F32);
+  static std::vector<Tensor> packed3(int64_t b, int64_t s, int64_t h, int64_t d, fb_dtype dtype = FB_F32,
+                                     int64_t shift = 0);
 
   bool exists() const { return buf_ != nullptr; }
   fb_dtype dtype() const { return dtype_; }
@@ -72,7 +90,7 @@ class Tensor {
   const std::vector<int64_t>& stride() const { return stride_; }
   int64_t numel() const;
   // The whole backing buffer, in bytes.
-  std::vector<unsigned char>& bytes() const { return *buf_; }
+  Buffer& bytes() const { return *buf_; }
   // Buffer index (in elements) of every element of the view, in row-major order of the shape.
   std::vector<int64_t> element_offsets() const;
   // The bits of buffer element i (zero-extended for 16-bit types).
@@ -84,7 +102,7 @@ class Tensor {
   void fill_normal(std::mt19937_64& rng);
 
  private:
-  std::shared_ptr<std::vector<unsigned char>> buf_;
+  std::shared_ptr<Buffer> buf_;
   fb_dtype dtype_ = FB_F32;
   int64_t offset_ = 0; // elements
   std::vector<int64_t> shape_, stride_;
@@ -113,7 +131,7 @@ class Snapshot {
   ::testing::AssertionResult unchanged() const;
 
  private:
-  std::vector<std::pair<const std::vector<unsigned char>*, std::vector<unsigned char>>> copies_;
+  std::vector<std::pair<const Buffer*, Buffer>> copies_;
 };
 
 // --- Comparison ---------------------------------------------------------------------------------------
@@ -161,6 +179,7 @@ struct Case {
   Layout dq = Layout::bhsd, dk = Layout::bhsd, dv = Layout::bhsd;
   Layout rows = Layout::bhsd; // lse and delta
   bool packed = false;        // q, k, v from one [B, S, 3, H, D] buffer; dq, dk, dv into another
+  int64_t shift = 0;          // elements every tensor's view is moved by in its buffer (Tensor::make)
   bool want_dq = true, want_dk = true, want_dv = true, want_delta = true;
   int threads = 0; // params.num_threads
 
