@@ -89,7 +89,7 @@ TEST_F(Api, CallerWorkspaceGivesTheSameBits) {
   }
 }
 
-// Tensors need no alignment beyond their element's: rows 4 or 16 bytes past a cache line (numpy's and
+// Tensors need no alignment beyond their element's: rows 1 or 4 elements past a cache line (numpy's and
 // malloc's 16-byte alignment) give the same bits as rows on cache lines (the test buffers start on
 // one, like a framework's tensors). Shapes of several blocks, remainders, grouped heads, masked and
 // unmasked tiles, the packed layout; half precision too, whose copies are converted or packed.
