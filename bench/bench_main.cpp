@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,6 +14,7 @@
 #include "blas_baseline.h"
 #include "ceiling.h"
 #include "flashback/flashback.hpp"
+#include "line_aligned.h"
 #include "safetensors.h" // f32_to_bf16, f32_to_f16
 
 namespace {
@@ -58,20 +58,9 @@ double forward_flop(const Case& c) {
   return 4.0 * c.batch * c.heads * c.seqlen * c.seqlen * c.head_dim * (c.causal ? 0.5 : 1.0);
 }
 
-// 64-byte aligned storage, as a framework's tensors are (PyTorch's CPU allocator aligns to 64): a
-// plain std::vector of this size comes from mmap at 16 bytes past a page, which would put every
-// row of D floats across cache lines.
-template <class X>
-struct Aligned64 {
-  using value_type = X;
-  Aligned64() = default;
-  template <class Y>
-  Aligned64(const Aligned64<Y>&) {}
-  X* allocate(size_t n) { return static_cast<X*>(::operator new(n * sizeof(X), std::align_val_t{64})); }
-  void deallocate(X* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
-  bool operator==(const Aligned64&) const { return true; }
-};
-using Floats = std::vector<float, Aligned64<float>>;
+// 64-byte aligned, as a framework's tensors are: a plain std::vector of this size comes from mmap at
+// 16 bytes past a page, which would put every row of D floats across cache lines.
+using Floats = std::vector<float, flashback::LineAligned<float>>;
 
 // Random contiguous BHSD inputs and outputs of one case, in its dtype (lse f32).
 struct Tensors {
@@ -103,10 +92,15 @@ void set_counters(benchmark::State& state, double flop) {
   state.counters["threads"] = threads();
 }
 
-// The FMA ceiling again, for 0.3 s right before each timed repetition: the guest's speed moves by up to
-// 1.4x within minutes (the host's other tenants), so report.py divides each repetition's rate by the
-// ceiling of the same moment rather than by one probe minutes away.
-double adjacent_ceiling() { return fma_ceiling_flops(threads(), 0.3); }
+// Times `run` (one repetition), with the FMA ceiling measured for 0.3 s right before it: the guest's
+// speed moves by up to 1.4x within minutes (the host's other tenants), so report.py divides each
+// repetition's rate by the ceiling of the same moment rather than by one probe minutes away.
+template <class Run>
+void timed(benchmark::State& state, Run&& run) {
+  const double ceiling = fma_ceiling_flops(threads(), 0.3);
+  for (auto _ : state) run();
+  state.counters["adjacent_ceiling_flops"] = ceiling;
+}
 
 void set_label(benchmark::State& state, const Case& c) {
   state.SetLabel(std::string(flashback::cpu_isa()) + (c.dtype == flashback::DType::f32    ? " f32"
@@ -124,9 +118,7 @@ void flashback_forward(benchmark::State& state, const Case& c) {
                        flashback::TensorView::rows(t.lse.data(), c.batch, c.heads, c.seqlen), p);
   };
   run(); // warm-up
-  const double ceiling = adjacent_ceiling();
-  for (auto _ : state) run();
-  state.counters["adjacent_ceiling_flops"] = ceiling;
+  timed(state, run);
   set_counters(state, forward_flop(c));
   set_label(state, c);
 }
@@ -144,9 +136,7 @@ void flashback_backward(benchmark::State& state, const Case& c) {
   g.dv = view(c, t.dv);
   auto run = [&] { flashback::backward(view(c, t.dout), view(c, t.q), view(c, t.k), view(c, t.v), view(c, t.o), lse, g, p); };
   run(); // warm-up
-  const double ceiling = adjacent_ceiling();
-  for (auto _ : state) run();
-  state.counters["adjacent_ceiling_flops"] = ceiling;
+  timed(state, run);
   set_counters(state, 2.5 * forward_flop(c));
   set_label(state, c);
 }
@@ -159,9 +149,7 @@ void blas_forward(benchmark::State& state, const Case& c) {
   omp_set_num_threads(threads());
   BlasAttention blas(blas_shape(c));
   blas.forward(t.q.data(), t.k.data(), t.v.data(), t.o.data(), t.lse.data()); // warm-up
-  const double ceiling = adjacent_ceiling();
-  for (auto _ : state) blas.forward(t.q.data(), t.k.data(), t.v.data(), t.o.data(), t.lse.data());
-  state.counters["adjacent_ceiling_flops"] = ceiling;
+  timed(state, [&] { blas.forward(t.q.data(), t.k.data(), t.v.data(), t.o.data(), t.lse.data()); });
   set_counters(state, forward_flop(c));
 }
 
@@ -176,9 +164,7 @@ void blas_backward(benchmark::State& state, const Case& c) {
                   t.dk.data(), t.dv.data());
   };
   run(); // warm-up
-  const double ceiling = adjacent_ceiling();
-  for (auto _ : state) run();
-  state.counters["adjacent_ceiling_flops"] = ceiling;
+  timed(state, run);
   set_counters(state, 2.5 * forward_flop(c));
 }
 
@@ -203,9 +189,7 @@ void skip(benchmark::State& state, const char* why) {
 void f32_microkernel(benchmark::State& state, int head_dim) {
   if (f32_microkernel_flops(1, 0.001, 64, 64, head_dim) == 0) return skip(state, "no AVX-512 here");
   double flops = 0;
-  const double ceiling = adjacent_ceiling();
-  for (auto _ : state) flops = f32_microkernel_flops(threads(), 1.0, 64, 64, head_dim);
-  state.counters["adjacent_ceiling_flops"] = ceiling;
+  timed(state, [&] { flops = f32_microkernel_flops(threads(), 1.0, 64, 64, head_dim); });
   state.counters["kernel_flops"] = flops;
   state.counters["threads"] = threads();
 }

@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
-#include <new>
 #include <optional>
 #include <random>
 #include <string>
@@ -16,6 +15,7 @@
 
 #include "cpu/kernels.h"
 #include "flashback/flashback.h"
+#include "line_aligned.h"
 #include "reference.h"
 
 namespace fbtest {
@@ -57,19 +57,8 @@ enum class Layout {
 };
 const char* layout_name(Layout l);
 
-// Storage that starts on a cache line, as a framework's tensors do (PyTorch's CPU allocator aligns to
-// 64 bytes), so where a view's rows start is decided by its layout and shift, not by malloc.
-template <class X>
-struct LineAligned {
-  using value_type = X;
-  LineAligned() = default;
-  template <class Y>
-  LineAligned(const LineAligned<Y>&) {}
-  X* allocate(size_t n) { return static_cast<X*>(::operator new(n * sizeof(X), std::align_val_t{64})); }
-  void deallocate(X* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
-  bool operator==(const LineAligned&) const { return true; }
-};
-using Buffer = std::vector<unsigned char, LineAligned<unsigned char>>;
+// Tensor storage on a cache line, so where a view's rows start is decided by its layout and shift.
+using Buffer = std::vector<unsigned char, flashback::LineAligned<unsigned char>>;
 
 // A strided view of a backing buffer that may hold other views too, in f32, bf16 or f16. Every
 // buffer has guard elements before and after the views, so a stray write next to a view is seen.
