@@ -1,8 +1,8 @@
 // Forward and backward of the library against the float64 reference, over curated sweeps: sequence
 // lengths derived from the tiles, head dims, masks, grouped-query heads, layouts, gradient subsets,
-// empty sequences, scales and long sequences, each for f32, bf16 and f16 storage. ctest runs this
-// binary once per instruction set (FLASHBACK_ISA). FLASHBACK_TEST_SEED=<seed> replays the inputs of a
-// failed run.
+// empty sequences, scales and long sequences, and random problems that draw all of these together,
+// each for f32, bf16 and f16 storage. ctest runs this binary once per instruction set (FLASHBACK_ISA).
+// FLASHBACK_TEST_SEED=<seed> replays the inputs (and the random problems) of a failed run.
 //
 // Accuracy: f32 outputs within kRelTol of the reference. Half-precision outputs within FlashAttention's
 // bar, 2 * max |naive - ref64| + 1e-5 * max |ref64| (naive.h: f32 arithmetic on the same inputs, outputs
@@ -10,8 +10,10 @@
 // see --gtest_output=xml).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <string>
@@ -391,6 +393,116 @@ TEST_P(Attention, LongSequences) {
       make_case(1, 2, 1, 5, 8192, 128, 128, kCausal),
       make_case(1, 2, 1, 8192, 3, 64, 64, kNoMask),
   });
+}
+
+// --- Random problems ----------------------------------------------------------------------------------
+
+// Everything the sweeps above vary, drawn together, so that combinations they do not list (a window
+// with grouped heads, a strided layout, an odd head dim and 3 threads at once) are tried as well. Each
+// run draws new problems from the base seed (FLASHBACK_TEST_SEED replays them, with their inputs);
+// FLASHBACK_RANDOM_PROBLEMS=N draws N instead of kRandomProblems, for a longer campaign. A problem's
+// size B * Hq * Sq * Sk * (D + Dv) is capped at kRandomWork so that the float64 reference stays quick.
+constexpr int kRandomProblems = 24;
+constexpr int64_t kRandomWork = 6'000'000;
+
+int random_problem_count() {
+  const char* env = std::getenv("FLASHBACK_RANDOM_PROBLEMS");
+  if (env == nullptr || *env == '\0') return kRandomProblems;
+  char* end = nullptr;
+  const long n = std::strtol(env, &end, 10);
+  if (*end != '\0' || n < 0 || n > 1'000'000) {
+    ADD_FAILURE() << "FLASHBACK_RANDOM_PROBLEMS: expected a count from 0 to 1000000, got '" << env << "'";
+    return 0;
+  }
+  return static_cast<int>(n);
+}
+
+class Draw {
+ public:
+  explicit Draw(std::mt19937_64& g) : g_(g) {}
+  int64_t in(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(g_); }
+  double real(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(g_); }
+  bool chance(double p) { return std::bernoulli_distribution(p)(g_); }
+  template <class T, size_t n>
+  T of(const std::array<T, n>& xs) { return xs[static_cast<size_t>(in(0, n - 1))]; }
+
+  // A head dim: one of the sweep's, or any from 1 to 256.
+  int64_t dim() { return chance(0.5) ? of(std::array<int64_t, 10>{1, 7, 16, 32, 64, 80, 96, 128, 200, 256}) : in(1, 256); }
+  // A sequence length around a tile of t: rarely 0, often 1, t - 1, t, t + 1 or a few tiles plus a
+  // remainder, else anything up to 4 t.
+  int64_t length(int64_t t) {
+    switch (in(0, 9)) {
+      case 0: return in(0, 1);
+      case 1: return std::max<int64_t>(t - 1, 1);
+      case 2: return t;
+      case 3: return t + 1;
+      case 4:
+      case 5: return in(2, 3) * t + in(-2, 5);
+      default: return in(1, 4 * t);
+    }
+  }
+  // One side of a window: unbounded, 0, a few keys, about a tile, up to a few tiles, or huge.
+  int64_t side(int64_t t) {
+    switch (in(0, 5)) {
+      case 0: return -1;
+      case 1: return 0;
+      case 2: return in(1, 8);
+      case 3: return t + in(-2, 2);
+      case 4: return in(0, 3 * t);
+      default: return int64_t{1} << 62;
+    }
+  }
+  Layout layout() { return of(std::array<Layout, 4>{Layout::bhsd, Layout::bshd, Layout::padded, Layout::slice}); }
+
+ private:
+  std::mt19937_64& g_;
+};
+
+Case random_case(Draw& r, fb_dtype dtype) {
+  for (;;) {
+    const int64_t d = r.dim(), dv = r.chance(0.5) ? d : r.dim();
+    const flashback::cpu::Tiles t = fbtest::tiles_for(d, dv, r.chance(0.5), dtype);
+    const int64_t hk = r.in(1, 3), hq = hk * r.of(std::array<int64_t, 6>{1, 1, 2, 3, 4, 8});
+    const int64_t sq = r.length(t.bm), sk = r.length(r.chance(0.5) ? t.bn : t.bm);
+    const int64_t b = r.in(1, 2);
+    if (b * hq * sq * sk * (d + dv) > kRandomWork) continue;
+    Mask m = kNoMask;
+    switch (r.in(0, 3)) {
+      case 0: break;
+      case 1: m = kCausal; break;
+      case 2: m = {true, r.side(t.bn), 0}; break;
+      default: m = window(r.side(t.bn), r.side(t.bn)); break;
+    }
+    Case c = make_case(b, hq, hk, sq, sk, d, dv, m);
+    if (hq == hk && sq == sk && d == dv && r.chance(0.2)) {
+      c.packed = true;
+      c.o = r.layout();
+      c.dout = r.layout();
+    } else if (r.chance(0.5)) {
+      c.layout(r.layout());
+    } else {
+      for (Layout* l : {&c.q, &c.k, &c.v, &c.o, &c.dout, &c.dq, &c.dk, &c.dv}) *l = r.layout();
+    }
+    c.rows = r.layout();
+    c.shift = r.chance(0.3) ? r.in(1, 4) : 0;
+    c.want_dq = r.chance(0.85);
+    c.want_dk = r.chance(0.85);
+    c.want_dv = r.chance(0.85);
+    c.want_delta = r.chance(0.5);
+    // A scale other than the default 1 / sqrt(D), within a factor of 10 below or 4 above it: logits of
+    // tens at most. Larger ones have their own bounds (reliability_test: LogitsOfTenThousand...).
+    if (r.chance(0.3)) c.opt.scale = std::exp(r.real(std::log(0.1), std::log(4.0))) / std::sqrt(static_cast<double>(d));
+    c.threads = static_cast<int>(r.in(0, 4));
+    return c;
+  }
+}
+
+TEST_P(Attention, RandomProblems) {
+  std::mt19937_64 g = fbtest::rng_for(std::string("random problems ") + fbtest::dtype_name(dtype()));
+  Draw r(g);
+  std::vector<Case> cases;
+  for (int i = random_problem_count(); i > 0; --i) cases.push_back(random_case(r, dtype()));
+  check_cases(cases);
 }
 
 } // namespace
