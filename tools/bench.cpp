@@ -44,7 +44,8 @@ ProblemFlags check_defaults() {
 
 // Tolerance of every check: max|out - ref| <= tol * max|ref|, per output. f32 keeps ~7 digits through
 // sums of Sk terms (error ~ sqrt(Sk) * 6e-8 relative); f16/bf16 outputs are rounded to 11/8 bits
-// (5e-4 / 4e-3 relative) and their P and dS in the kernels may be too.
+// (5e-4 / 4e-3 relative) and their P and dS in the kernels may be too. Where the reference of dq or dk
+// is 0 everywhere (see cancellation_size), the error is relative to the size of what cancels, at 1e-4.
 double tolerance(fb_dtype dtype) {
   switch (dtype) {
     case FB_F32: return 1e-4;
@@ -54,7 +55,8 @@ double tolerance(fb_dtype dtype) {
   return 0;
 }
 constexpr const char* kToleranceRule =
-    "max|out - ref| <= tol * max|ref| per output; tol = 1e-4 f32, 5e-3 f16, 2e-2 bf16; 1e-4 for lse (always f32)";
+    "max|out - ref| <= tol * max|ref| per output; tol = 1e-4 f32, 5e-3 f16, 2e-2 bf16; 1e-4 for lse (always f32); "
+    "where the reference of dq or dk is all 0, 1e-4 * the size of what cancels there";
 
 // The error of one output against the reference.
 struct ErrorStats {
@@ -78,13 +80,65 @@ struct ErrorStats {
     max_abs_ref = std::max(max_abs_ref, o.max_abs_ref);
     count += o.count;
   }
-  double relative() const { return max_abs_err / std::max(max_abs_ref, static_cast<double>(FLT_MIN)); }
-  bool passed() const { return relative() <= tol; }
+  // Where the reference is all 0 and something cancels to 0 there (zero_scale > 0: dq, dk), the error
+  // is relative to the size of what cancels, and held to f32's tolerance in every dtype, since what is
+  // left is f32 rounding. Where nothing cancels, an all-zero reference asks for exact zeros.
+  bool cancelled() const { return max_abs_ref == 0 && zero_scale > 0; }
+  double relative() const {
+    const double m = cancelled() ? zero_scale : max_abs_ref;
+    if (m > 0) return max_abs_err / std::max(m, static_cast<double>(FLT_MIN));
+    return max_abs_err == 0 ? 0 : std::numeric_limits<double>::infinity();
+  }
+  double limit() const { return cancelled() ? tolerance(FB_F32) : tol; }
+  bool passed() const { return relative() <= limit(); }
+
+  double zero_scale = 0;
 };
+
+// dq and dk are 0 where every row sees a single key (Sk = 1, a window (0, 0), ...): dS = P (dP - delta)
+// with P = 1 and dP = delta, and the reference is exactly 0. What the library returns there is the f32
+// rounding of dP - delta (delta = dout . o from the stored o) carried through scale * k or q into sums
+// over n keys or rows, which against a zero reference is an infinite relative error. So an all-zero
+// reference of dq or dk is measured against the size of what cancels: scale * max|delta| * max|k|
+// * sqrt(Sk) for dq, scale * max|delta| * max|q| * sqrt(Sq * Hq / Hk) for dk (the test suite's rule).
+struct CancellationSizes {
+  double dq = 0, dk = 0;
+};
+CancellationSizes cancellation_size(const Problem& p, const HostTensor& q, const HostTensor& k, const HostTensor& o,
+                                    const HostTensor& dout) {
+  double max_delta = 0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t i = 0; i < p.seqlen_q; ++i) {
+        double delta = 0;
+        for (int64_t x = 0; x < p.head_dim_v; ++x) delta += dout.at(b, h, i, x) * o.at(b, h, i, x);
+        if (std::isfinite(delta)) max_delta = std::max(max_delta, std::abs(delta));
+      }
+  const auto max_abs = [](const HostTensor& t) {
+    double m = 0;
+    for (int64_t b = 0; b < t.dim(0); ++b)
+      for (int64_t h = 0; h < t.dim(1); ++h)
+        for (int64_t i = 0; i < t.dim(2); ++i)
+          for (int64_t x = 0; x < t.dim(3); ++x) m = std::max(m, std::abs(t.at(b, h, i, x)));
+    return m;
+  };
+  const double base = p.effective_scale() * max_delta;
+  const double rows = static_cast<double>(p.seqlen_q * (p.heads_q / p.heads_kv));
+  return {base * max_abs(k) * std::sqrt(static_cast<double>(p.seqlen_k)), base * max_abs(q) * std::sqrt(rows)};
+}
 
 // lse is f32 whatever the dtype of the tensors: it gets f32's tolerance.
 double tolerance_of(const char* output, fb_dtype dtype) {
   return std::string(output) == "lse" ? tolerance(FB_F32) : tolerance(dtype);
+}
+
+// No errors yet for one output: its tolerance and, for dq and dk, the size of what cancels.
+ErrorStats stats_for(const std::string& name, fb_dtype dtype, const CancellationSizes& c) {
+  ErrorStats e;
+  e.name = name;
+  e.tol = tolerance_of(name.c_str(), dtype);
+  e.zero_scale = name == "dq" ? c.dq : name == "dk" ? c.dk : 0;
+  return e;
 }
 
 struct CheckReport {
@@ -95,19 +149,24 @@ struct CheckReport {
   }
   json to_json() const {
     json j = {{"passed", passed()}, {"rule", kToleranceRule}, {"compared", what}};
-    for (const auto& e : outputs)
-      j["outputs"][e.name] = {{"max_abs_err", e.max_abs_err}, {"max_abs_ref", e.max_abs_ref},
-                              {"relative_err", e.relative()}, {"tolerance", e.tol},
-                              {"values", e.count}, {"passed", e.passed()}};
+    for (const auto& e : outputs) {
+      json& x = j["outputs"][e.name];
+      x = {{"max_abs_err", e.max_abs_err}, {"max_abs_ref", e.max_abs_ref}, {"relative_err", e.relative()},
+           {"tolerance", e.limit()}, {"values", e.count}, {"passed", e.passed()}};
+      if (e.cancelled()) x["relative_to_cancelled"] = e.zero_scale;
+    }
     return j;
   }
   void print() const {
     std::printf("check (%s):\n", what.c_str());
     std::printf("  %-6s %12s %12s %14s %10s  %s\n", "output", "max|err|", "max|ref|", "err/max|ref|", "tolerance",
                 "result");
-    for (const auto& e : outputs)
-      std::printf("  %-6s %12.3e %12.3e %14.3e %10.0e  %s\n", e.name.c_str(), e.max_abs_err, e.max_abs_ref,
-                  e.relative(), e.tol, e.passed() ? "ok" : "FAILED");
+    for (const auto& e : outputs) {
+      std::printf("  %-6s %12.3e %12.3e %14.3e %10.0e  %s", e.name.c_str(), e.max_abs_err, e.max_abs_ref,
+                  e.relative(), e.limit(), e.passed() ? "ok" : "FAILED");
+      if (e.cancelled()) std::printf(" (the reference is all 0: err / %.3e, the size of what cancels)", e.zero_scale);
+      std::printf("\n");
+    }
     std::printf("%s (%s)\n", passed() ? "passed" : "FAILED", kToleranceRule);
   }
 };
@@ -236,10 +295,9 @@ CheckReport sampled_check(const Problem& p, const Tensors& t, uint64_t seed) {
   }
   CheckReport report;
   const char* names[] = {"o", "lse", "dq", "dk", "dv"};
+  const CancellationSizes cancelled = cancellation_size(p, t.q, t.k, t.o, t.dout);
   for (int i = 0; i < 5; ++i) {
-    ErrorStats e;
-    e.name = names[i];
-    e.tol = tolerance_of(names[i], p.dtype);
+    ErrorStats e = stats_for(names[i], p.dtype, cancelled);
     for (const auto& r : results) e.merge(r[i]);
     report.outputs.push_back(e);
   }
@@ -401,7 +459,9 @@ CLI::App* add_check_command(CLI::App& app, CheckFlags& f) {
   cmd->footer(
       "Runs forward and backward on random inputs and compares every output (o, lse, dq, dk, dv) with the\n"
       "float64 reference. Exits 1 when an output is over tolerance: max|out - ref| <= tol * max|ref|,\n"
-      "tol = 1e-4 (f32), 5e-3 (f16), 2e-2 (bf16); lse is always f32 (1e-4). The reference costs\n"
+      "tol = 1e-4 (f32), 5e-3 (f16), 2e-2 (bf16); lse is always f32 (1e-4). Where every row sees one key\n"
+      "(Sk = 1, --window 0,0) dq and dk are 0 by cancellation: there the error is relative to the size of\n"
+      "what cancels (scale * max|delta| * max|k or q| * sqrt(terms summed)), at 1e-4. The reference costs\n"
       "O(B*Hq*Sq*Sk*(D+Dv)) in float64 on one core: keep shapes small (the default takes ~1 s).\n\n" +
       app.get_footer());
   f.problem = check_defaults();
@@ -433,19 +493,16 @@ int run_check(const CheckFlags& f) {
 
   CheckReport report;
   report.what = "every element against the float64 reference";
+  const CancellationSizes cancelled = cancellation_size(p, t.q, t.k, t.o, t.dout);
   const auto compare = [&](const char* name, const HostTensor& out, const std::vector<double>& r) {
-    ErrorStats e;
-    e.name = name;
-    e.tol = tolerance_of(name, p.dtype);
+    ErrorStats e = stats_for(name, p.dtype, cancelled);
     const auto got = out.to_dense();
     for (size_t i = 0; i < got.size(); ++i) e.add(got[i], r[i]);
     report.outputs.push_back(e);
   };
   compare("o", t.o, ro);
   {
-    ErrorStats e;
-    e.name = "lse";
-    e.tol = tolerance_of("lse", p.dtype);
+    ErrorStats e = stats_for("lse", p.dtype, cancelled);
     for (size_t i = 0; i < t.lse.size(); ++i) e.add(t.lse[i], rlse[i]);
     report.outputs.push_back(e);
   }

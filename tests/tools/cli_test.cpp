@@ -435,6 +435,32 @@ TEST_F(Cli, CheckPassesOnASmallShape) {
   EXPECT_EQ(doc["params"]["window_left"], 3);
 }
 
+// Where every row sees a single key, dq and dk are 0 by cancellation (P = 1, dP = delta) and the
+// library returns f32 rounding there: check and bench's sampled check measure it against the size of
+// what cancels instead of failing it against a zero reference.
+TEST_F(Cli, CheckMeasuresCancelledGradientsAgainstWhatCancels) {
+  for (const char* shape : {"--seqlen-q 70 --seqlen-k 1", "--seqlen 70 --window 0,0"}) {
+    for (const char* dtype : {"f32", "bf16", "f16"}) {
+      SCOPED_TRACE(std::string(shape) + " " + dtype);
+      const std::string flags = std::string(" --heads 4 --kv-heads 2 --head-dim 24 --json --dtype ") + dtype + " " + shape;
+      const Result c = run("check" + flags);
+      ASSERT_EQ(c.code, 0) << c.out << c.err;
+      const auto doc = nlohmann::json::parse(c.out)["check"];
+      EXPECT_TRUE(doc["passed"].get<bool>()) << c.out;
+      for (const char* grad : {"dq", "dk"}) {
+        const auto& g = doc["outputs"][grad];
+        EXPECT_EQ(g["max_abs_ref"].get<double>(), 0) << grad;
+        EXPECT_GT(g["relative_to_cancelled"].get<double>(), 0) << grad;
+        EXPECT_EQ(g["tolerance"].get<double>(), 1e-4) << grad; // f32 rounding, in every dtype
+      }
+      EXPECT_FALSE(doc["outputs"]["dv"].contains("relative_to_cancelled"));
+      const Result b = run("bench --repeats 1" + flags);
+      ASSERT_EQ(b.code, 0) << b.out << b.err;
+      EXPECT_TRUE(nlohmann::json::parse(b.out)["check"]["passed"].get<bool>()) << b.out;
+    }
+  }
+}
+
 TEST_F(Cli, BenchJsonIsParseable) {
   const Result r = run("bench --batch 1 --heads 2 --kv-heads 1 --seqlen 64 --head-dim 32 --repeats 3 --warmup 1 --json");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
