@@ -122,7 +122,7 @@ void backward_rows(const BackwardJob& job, int64_t begin, int64_t end) {
     const float dl = Math::dot(row_ptr<const T>(p.dout, b, h, i), row_ptr<const T>(p.o, b, h, i), p.head_dim_v);
     job.delta[row] = dl;
     if (p.delta) p.delta.data[b * p.delta.sb + h * p.delta.sh + i] = dl;
-    job.lse2[row] = p.lse.data[b * p.lse.sb + h * p.lse.sh + i] * kLog2e;
+    job.lse2[row] = lse2_of(p.lse.data[b * p.lse.sb + h * p.lse.sh + i]);
     if (job.need_dq) {
       fill(job.dq_acc + b * job.dq_sb + h * job.dq_sh + i * job.dq_ss, p.head_dim, 0.0f);
       if (i % job.tiles.bm == 0) { // the first key block that adds to this query block

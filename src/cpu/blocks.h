@@ -15,10 +15,20 @@ namespace flashback::cpu {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kInf = __builtin_inff();
 constexpr int64_t kAlign = 64; // bytes: one cache line, one zmm
 constexpr int64_t kLanes = 16; // f32 leading dimensions are padded to this many floats
+
+// The natural-log LSE of a row from its running max m2 (log2 units, exact in double) and sum l (of
+// exp2(logit - m2)), and back to log2 units for the backward: each rounded once, from double, so that
+// the backward's exp2(logit - lse2) drifts from the forward's P by about 2 ulp of |lse2| at most.
+inline float lse_of(double m2, float l) {
+  return l != 0.0f ? static_cast<float>((m2 + __builtin_log2(static_cast<double>(l))) * 0.6931471805599453)
+                   : -kInf; // l = 0: the row sees no key
+}
+// The factor of the raw scores q.k in the exponent of exp2: scale * log2(e), as every kernel rounds it.
+inline float log2_scale(const core::Problem& p) { return p.scale * kLog2e; }
+inline float lse2_of(float lse) { return static_cast<float>(static_cast<double>(lse) * 1.4426950408889634); }
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }

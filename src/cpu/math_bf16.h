@@ -145,7 +145,7 @@ struct MathBf16 {
       for (int64_t r = 0; r < rows; ++r) {
         const float inv = s_.l[r] != 0.0f ? 1.0f / s_.l[r] : 0.0f; // l = 0: no key, O = 0
         store_row(s_.oacc + r * s_.z.dvn, p_.head_dim_v, inv, o + r * p_.o.ss);
-        lse[r] = s_.l[r] != 0.0f ? (s_.m[r] + __builtin_log2f(s_.l[r])) * kLn2 : -kInf;
+        lse[r] = lse_of(s_.m[r], s_.l[r]);
       }
     }
 
@@ -155,7 +155,7 @@ struct MathBf16 {
     // mask in f32 over s as well. A row that has seen no visible key yet keeps m = -inf and gets P = 0.
     void softmax_rows(int64_t cols, const Mask* mask) {
       const Dims& z = s_.z;
-      const __m512 mul = _mm512_set1_ps(p_.scale * kLog2e), neg_inf = _mm512_set1_ps(-kInf);
+      const __m512 mul = _mm512_set1_ps(log2_scale(p_)), neg_inf = _mm512_set1_ps(-kInf);
       for (int64_t r = 0; r < rows_; ++r) {
         const float* srow = s_.s + r * z.bnp;
         auto logits = [&](int64_t c0) {
@@ -293,7 +293,7 @@ struct MathBf16 {
       masked_ = mask != nullptr;
       // s [rows][cols] = Q K^T, then P = exp2(S * scale * log2(e) - lse2), 0 where masked
       BMicro::gemm(rows, cols, z.dk, q.qa, nullptr, z.dk, s_.ktb, 2 * z.bnp, s_.s, z.bnp, false, nullptr);
-      F::probs(s_.s, z.bnp, rows, cols, p_.scale * kLog2e, job_.lse2 + row0, mask);
+      F::probs(s_.s, z.bnp, rows, cols, log2_scale(p_), job_.lse2 + row0, mask);
       // dv [cols][Dv] += P^T dO
       if (job_.need_dv) {
         if (masked_) {

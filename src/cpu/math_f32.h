@@ -5,7 +5,11 @@
 // since every block of them is used by many tiles. Every output is rounded once from its f32 total.
 //
 // Forward: the scores are computed transposed, S^T = K Q^T [BN keys][BM rows], so Q is packed once per
-// query block and K, V are read in place; the softmax then runs across rows in SIMD lanes.
+// query block and K, V are read in place; the softmax then runs across rows in SIMD lanes. Both passes
+// compute the raw scores s = q.k the same way (one FMA chain over D from 0, in order: the same bits)
+// and apply mul = scale * log2(e) in the exponent (forward exp2((s - max s) mul), backward
+// exp2(s mul - lse2)), so the backward's P is the forward's but for the rounding of the LSE, also
+// where logits are large; and the row's largest score gets P = 1 exactly.
 // Backward: K^T and V^T are packed once per key block; S, dP, dS are [BM rows][BN keys].
 #pragma once
 
@@ -91,10 +95,10 @@ struct MathF32 {
   }
 
   // Per-thread scratch of the forward, in floats:
-  //   qt    [D][BMp]    Q^T of the block, scaled by scale * log2(e)
-  //   st    [BN][BMp]   S^T, then P^T, of one tile
+  //   qt    [D][BMp]    Q^T of the block
+  //   st    [BN][BMp]   S^T (raw scores), then P^T, of one tile
   //   oacc  [BMp][Dvp]  unnormalized output rows
-  //   m, l, alpha [BMp] running max (log2 units), running sum, rescale factor of this tile
+  //   m, l, alpha [BMp] running max (raw scores), running sum, rescale factor of this tile
   struct ForwardScratch {
     int64_t bmp, dp, dvp;
     float *qt, *st, *oacc, *m, *l, *alpha;
@@ -120,10 +124,9 @@ struct MathF32 {
    public:
     Forward(const ForwardJob& job, char* scratch) : job_(job), p_(*job.p), t_(job.tiles), s_(p_, t_, scratch) {}
 
-    // A query block: qt [D][BMp] = (Q rows)^T * scale * log2(e); rows >= `rows` are zero.
+    // A query block: qt [D][BMp] = (Q rows)^T; rows >= `rows` are zero.
     void begin(int64_t b, int64_t h, int64_t i0, int64_t rows) {
-      Micro::pack_t(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, p_.scale * kLog2e, s_.qt, s_.bmp,
-                    s_.bmp);
+      Micro::pack_t(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, 1.0f, s_.qt, s_.bmp, s_.bmp);
       fill(s_.m, s_.bmp, -kInf);
       fill(s_.l, s_.bmp, 0.0f);
       rows_ = rows;
@@ -146,9 +149,9 @@ struct MathF32 {
         ldk = p_.k.ss;
         ldv = p_.v.ss;
       }
-      // st [cols][BMp] = K Q^T, in log2 units
+      // st [cols][BMp] = K Q^T, then P^T = exp2((S^T - m) * scale * log2(e))
       Micro::gemm(cols, s_.bmp, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, false, nullptr);
-      Micro::softmax_t(s_.st, s_.bmp, s_.bmp, cols, mask, s_.m, s_.l, s_.alpha);
+      Micro::softmax_t(s_.st, s_.bmp, s_.bmp, cols, log2_scale(p_), mask, s_.m, s_.l, s_.alpha);
       // oacc [rows][Dv] = alpha * oacc + P V   (P(r, c) = st[c][r]); row r sums only the keys it sees
       if (mask)
         Micro::gemm_banded(rows_, dv, cols, s_.st, 1, s_.bmp, v, ldv, s_.oacc, s_.dvp, !first,
@@ -164,7 +167,7 @@ struct MathF32 {
         // l = 0: this row sees no key; its zero accumulator gives O = 0.
         const float inv = s_.l[r] != 0.0f ? 1.0f / s_.l[r] : 0.0f;
         store_row(s_.oacc + r * s_.dvp, p_.head_dim_v, inv, o + r * p_.o.ss);
-        lse[r] = s_.l[r] != 0.0f ? (s_.m[r] + __builtin_log2f(s_.l[r])) * kLn2 : -kInf;
+        lse[r] = lse_of(static_cast<double>(s_.m[r]) * log2_scale(p_), s_.l[r]);
       }
     }
 
@@ -253,7 +256,7 @@ struct MathF32 {
       mask_ = mask ? &tile_mask_ : nullptr;
       // s [rows][cols] = Q K^T, then P = exp2(S * scale * log2(e) - lse2), 0 where masked
       Micro::gemm(rows, cols, d, q, ldq, 1, s_.kt, s_.bnp, s_.s, s_.bnp, false, nullptr);
-      Micro::probs(s_.s, s_.bnp, rows, cols, p_.scale * kLog2e, job_.lse2 + row0, mask);
+      Micro::probs(s_.s, s_.bnp, rows, cols, log2_scale(p_), job_.lse2 + row0, mask);
       // dv [cols][Dv] += P^T dO
       if (job_.need_dv) product(cols, dv, rows, s_.s, 1, s_.bnp, dout, lddo, s_.dv, s_.dvp, false);
       if (!need_ds_) return;

@@ -148,10 +148,10 @@ struct MicroF32 {
   }
 
   // --- Softmax pieces ------------------------------------------------------------------------------
-  // One online-softmax step on S^T [cols][ld] (log2 units), rows in lanes; see ScalarMicro::softmax_t.
-  static void softmax_t(float* st, int64_t ld, int64_t rows, int64_t cols, const Mask* mask, float* m, float* l,
-                        float* alpha) {
-    const R neg_inf = V::set1(-kInf);
+  // One online-softmax step on S^T [cols][ld], rows in lanes; see ScalarMicro::softmax_t.
+  static void softmax_t(float* st, int64_t ld, int64_t rows, int64_t cols, float mul, const Mask* mask, float* m,
+                        float* l, float* alpha) {
+    const R neg_inf = V::set1(-kInf), vmul = V::set1(mul);
     for (int64_t r0 = 0; r0 < rows; r0 += L) {
       // Two running maxima and sums: the dependency chains are 4 cycles long.
       R mx0 = V::loadu(m + r0), mx1 = mx0;
@@ -173,18 +173,18 @@ struct MicroF32 {
       }
       const R mx = V::max(mx0, mx1);
       const R ref = V::select(V::equal(mx, neg_inf), V::zero(), mx); // a row with no key yet: P = 0
-      const R a = V::exp2(V::sub(V::loadu(m + r0), ref));
+      const R a = V::exp2(V::mul(V::sub(V::loadu(m + r0), ref), vmul));
       R s0 = V::zero(), s1 = V::zero();
       for (c = 0; c + 1 < cols; c += 2) {
-        const R p0 = V::exp2(V::sub(V::loadu(st + c * ld + r0), ref));
-        const R p1 = V::exp2(V::sub(V::loadu(st + (c + 1) * ld + r0), ref));
+        const R p0 = V::exp2(V::mul(V::sub(V::loadu(st + c * ld + r0), ref), vmul));
+        const R p1 = V::exp2(V::mul(V::sub(V::loadu(st + (c + 1) * ld + r0), ref), vmul));
         V::storeu(st + c * ld + r0, p0);
         V::storeu(st + (c + 1) * ld + r0, p1);
         s0 = V::add(s0, p0);
         s1 = V::add(s1, p1);
       }
       if (c < cols) {
-        const R p0 = V::exp2(V::sub(V::loadu(st + c * ld + r0), ref));
+        const R p0 = V::exp2(V::mul(V::sub(V::loadu(st + c * ld + r0), ref), vmul));
         V::storeu(st + c * ld + r0, p0);
         s0 = V::add(s0, p0);
       }

@@ -63,11 +63,12 @@ struct ScalarMicro {
     return !mask || (c - r >= mask->lo && c - r <= mask->hi);
   }
 
-  // One online-softmax step on S^T [cols][ld] (log2 units) for rows [0, rows): updates the running
-  // max m and sum l, writes alpha = exp2(m_old - m_new), and overwrites S^T with P^T. A row that has
-  // seen no visible key yet keeps m = -inf and gets P = 0.
-  static void softmax_t(float* st, int64_t ld, int64_t rows, int64_t cols, const Mask* mask, float* m, float* l,
-                        float* alpha) {
+  // One online-softmax step on the raw scores S^T [cols][ld] (q.k, before the scale) for rows
+  // [0, rows), with mul = scale * log2(e) > 0: updates the running max m of the raw scores and the sum
+  // l, writes alpha = exp2((m_old - m_new) mul), and overwrites S^T with P^T = exp2((S^T - m_new) mul),
+  // which is exactly 1 at the max. A row that has seen no visible key yet keeps m = -inf and gets P = 0.
+  static void softmax_t(float* st, int64_t ld, int64_t rows, int64_t cols, float mul, const Mask* mask, float* m,
+                        float* l, float* alpha) {
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
     for (int64_t r = 0; r < rows; ++r) {
       float mx = m[r];
@@ -77,11 +78,11 @@ struct ScalarMicro {
         mx = (x > mx ? x : mx);
       }
       const float ref = mx == kNegInf ? 0.0f : mx;
-      alpha[r] = std::exp2(m[r] - ref);
+      alpha[r] = std::exp2((m[r] - ref) * mul);
       float sum = 0.0f;
       for (int64_t c = 0; c < cols; ++c) {
         float& x = st[c * ld + r];
-        x = std::exp2(x - ref);
+        x = std::exp2((x - ref) * mul);
         sum += x;
       }
       l[r] = l[r] * alpha[r] + sum;
