@@ -1,6 +1,7 @@
 // What a long training run needs beyond the correctness sweep: the same bits on every run and every
 // thread count (each dtype), numerics at the edges (logits of 1e4, the backward's P at logits of
-// hundreds, tiny and subnormal values, Sk = 1, fully masked rows), the policy for NaN and Inf inputs, and element offsets beyond 2^31.
+// hundreds, tiny and subnormal values, Sk = 1, fully masked rows), the policy for NaN and Inf inputs,
+// and element offsets beyond 2^31.
 // ctest runs this binary once per instruction set (FLASHBACK_ISA), like attention_test; RELIABILITY.md
 // says what each test shows. FLASHBACK_TEST_SEED=<seed> replays the inputs of a failed run.
 #include <gtest/gtest.h>
@@ -125,6 +126,21 @@ TEST_F(Reliability, TwentyRunsOverThreadCountsGiveTheSameBits) {
 // Numerics at the edges
 // =====================================================================================================
 
+// q_row . k_j in float64, row = h * Sq + i, for a single kv head (Hk = 1).
+double dot_qk(const ref::Shape& s, const std::vector<double>& q, const std::vector<double>& k, int64_t row, int64_t j) {
+  double d = 0;
+  for (int64_t x = 0; x < s.head_dim; ++x) d += q[row * s.head_dim + x] * k[j * s.head_dim + x];
+  return d;
+}
+
+// max |q_i . k_j| over every query row and key (Hk = 1): what scale multiplies into the largest logit.
+double max_abs_dot(const ref::Shape& s, const std::vector<double>& q, const std::vector<double>& k) {
+  double m = 0;
+  for (int64_t row = 0; row < s.heads_q * s.seqlen_q; ++row)
+    for (int64_t j = 0; j < s.seqlen_k; ++j) m = std::max(m, std::abs(dot_qk(s, q, k, row, j)));
+  return m;
+}
+
 // Logits up to |scale * q.k| = 1e4 (exp(1e4) overflows any float): the online softmax subtracts the
 // running max, so nothing overflows and the results match the float64 reference, within bounds that
 // follow from f32 arithmetic (any f32 attention has them):
@@ -146,16 +162,8 @@ TEST_F(Reliability, LogitsOfTenThousandDoNotOverflow) {
       const Inputs in = inputs_for(c);
       const ref::Shape& s = c.shape;
       const std::vector<double> q = in.q.read(), k = in.k.read(), dout = in.dout.read();
-      auto dot = [&](int64_t h, int64_t i, int64_t j) { // q_i . k_j (Hk = 1)
-        double d = 0;
-        for (int64_t x = 0; x < s.head_dim; ++x) d += q[(h * s.seqlen_q + i) * s.head_dim + x] * k[j * s.head_dim + x];
-        return d;
-      };
-      double max_dot = 0;
-      for (int64_t h = 0; h < s.heads_q; ++h)
-        for (int64_t i = 0; i < s.seqlen_q; ++i)
-          for (int64_t j = 0; j < s.seqlen_k; ++j) max_dot = std::max(max_dot, std::abs(dot(h, i, j)));
-      c.opt.scale = 1e4 / max_dot;
+      auto dot = [&](int64_t h, int64_t i, int64_t j) { return dot_qk(s, q, k, h * s.seqlen_q + i, j); };
+      c.opt.scale = 1e4 / max_abs_dot(s, q, k);
       SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
       const Outputs out = run(c, in);
       const Reference r = reference(c, in);
@@ -209,17 +217,8 @@ TEST_F(Reliability, BackwardRecomputesTheForwardsProbabilities) {
     Case c = make_case(FB_F32, {1, 2, 1, 2 * t.bm + 5, 2 * t.bn + 21, 64, 64});
     c.opt.causal = causal;
     const Inputs in = inputs_for(c);
-    const ref::Shape& s = c.shape;
-    const std::vector<double> q = in.q.read(), k = in.k.read();
-    double max_dot = 0;
-    for (int64_t row = 0; row < s.heads_q * s.seqlen_q; ++row)
-      for (int64_t j = 0; j < s.seqlen_k; ++j) {
-        double d = 0;
-        for (int64_t x = 0; x < s.head_dim; ++x) d += q[row * s.head_dim + x] * k[j * s.head_dim + x];
-        max_dot = std::max(max_dot, std::abs(d));
-      }
     constexpr double kMaxLogit = 500;
-    c.opt.scale = kMaxLogit / max_dot;
+    c.opt.scale = kMaxLogit / max_abs_dot(c.shape, in.q.read(), in.k.read());
     SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
     const Outputs out = run(c, in);
     const Reference r = reference(c, in);
