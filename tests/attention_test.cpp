@@ -232,8 +232,13 @@ TEST_P(Attention, BlockGroups) {
       make_case(2, 4, 2, 9 * f.bm + 3, 9 * b.bn + 5, 64, 64, kNoMask),
       make_case(2, 4, 2, 9 * f.bm + 3, 3 * b.bn + 5, 64, 64, kCausal),
       make_case(2, 4, 2, 2 * f.bm + 3, 9 * b.bn + 5, 64, 64, window(b.bn + 7, 3)),
+      // forward groups across the query heads of a kv head: one block per head (decoding), three
+      // blocks per head (groups that straddle two heads), and blocks whose rows see no key
+      make_case(4, 8, 2, 1, 9 * b.bn + 5, 64, 64, kNoMask),
+      make_case(2, 8, 2, 2 * f.bm + 3, 3 * b.bn + 5, 64, 64, kCausal),
+      make_case(2, 8, 2, 2 * f.bm + 3, f.bm / 2 + 1, 64, 64, kCausal),
   };
-  for (Case& c : cases) c.threads = 2; // B * H = 8 or 4 heads: groups of 4 leave each thread 4 items
+  for (Case& c : cases) c.threads = 2; // groups of 4 that leave each thread 4 items
   check_cases(cases);
 }
 

@@ -4,8 +4,8 @@
 // this file, in its own translation unit with its flags, over its own tile math.
 //
 // Forward (FlashAttention-2): per (batch, head, query block), stream the visible key blocks with an
-// online softmax; a work item takes a few query blocks of a head (ForwardJob::q_group) and gives each
-// key block to all of them in turn.
+// online softmax; a work item takes a few query blocks of one kv head's query heads (ForwardJob::q_group)
+// and gives each key block to all of them in turn.
 //
 // Backward: per (batch, kv head, key block), accumulate dK and dV over every query head of the group
 // and every visible query block; a work item takes a few key blocks (BackwardJob::k_group) and gives
@@ -62,35 +62,43 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
   using Forward = typename Math::Forward;
   const core::Problem& p = *job.p;
   const Tiles t = job.tiles;
-  // Items run from the last query blocks down: under a causal mask those see the most keys, so the
-  // dynamic schedule starts with the longest ones.
-  const int64_t groups = (job.q_blocks + job.q_group - 1) / job.q_group;
-  const int64_t bh = item / groups, first_ib = (groups - 1 - item % groups) * job.q_group;
-  const int64_t b = bh / p.heads_q, h = bh % p.heads_q, hk = h / p.group();
-  const int64_t blocks = min64(job.q_group, job.q_blocks - first_ib);
+  // The query blocks of a kv head's group of query heads, in a row: x = (h - first head) * q_blocks + ib.
+  // An item takes q_group of them in a row, so that it shares the keys and values between query
+  // blocks of a head (long sequences) or between the heads of a group (short ones, as in decoding).
+  // Items take the runs from the last down: under a causal mask the last query blocks of a head see
+  // the most keys, so the dynamic schedule starts with the longest ones.
+  const int64_t per_kv_head = p.group() * job.q_blocks;
+  const int64_t runs = (per_kv_head + job.q_group - 1) / job.q_group;
+  const int64_t bhk = item / runs, first_x = (runs - 1 - item % runs) * job.q_group;
+  const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
+  const int64_t blocks = min64(job.q_group, per_kv_head - first_x);
 
-  // Each query block g has its scratch and its key blocks [jfirst[g], jlast[g]]; key block jb is added
-  // to every query block that sees it, one after the other, while its keys and values are in cache.
-  // Each query block still receives its key blocks in increasing order, as alone.
+  // Each query block g has its scratch, its head h[g], its first row i0[g] and its key blocks
+  // [jfirst[g], jlast[g]]; key block jb is added to every query block that sees it, one after the
+  // other, while its keys and values are in cache. Each query block still receives its key blocks in
+  // increasing order, as alone.
   Workers<Forward> group = workers<Forward>(job, scratch, blocks);
   Forward* f = group.at;
-  int64_t jfirst[kMaxGroup], jlast[kMaxGroup];
+  int64_t h[kMaxGroup], i0[kMaxGroup], jfirst[kMaxGroup], jlast[kMaxGroup];
   int64_t jmin = job.kv_blocks, jmax = -1;
   for (int64_t g = 0; g < blocks; ++g) {
-    const int64_t i0 = (first_ib + g) * t.bm, rows = min64(p.seqlen_q, i0 + t.bm) - i0;
+    const int64_t x = first_x + g;
+    h[g] = hk * p.group() + x / job.q_blocks;
+    i0[g] = x % job.q_blocks * t.bm;
+    const int64_t rows = min64(p.seqlen_q, i0[g] + t.bm) - i0[g];
     int64_t kfirst, klast;
-    p.band.keys_of_rows(i0, i0 + rows, p.seqlen_k, &kfirst, &klast);
+    p.band.keys_of_rows(i0[g], i0[g] + rows, p.seqlen_k, &kfirst, &klast);
     block_range(kfirst, klast, t.bn, &jfirst[g], &jlast[g]);
     if (jfirst[g] > jlast[g]) { // no row of the block sees a key
-      T* o = row_ptr<T>(p.o, b, h, i0);
-      float* lse = p.lse.data + b * p.lse.sb + h * p.lse.sh + i0;
+      T* o = row_ptr<T>(p.o, b, h[g], i0[g]);
+      float* lse = p.lse.data + b * p.lse.sb + h[g] * p.lse.sh + i0[g];
       for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t x = 0; x < p.head_dim_v; ++x) o[r * p.o.ss + x] = from_float<T>(0.0f);
+        for (int64_t c = 0; c < p.head_dim_v; ++c) o[r * p.o.ss + c] = from_float<T>(0.0f);
         lse[r] = -kInf;
       }
       continue;
     }
-    f[g].begin(b, h, i0, rows);
+    f[g].begin(b, h[g], i0[g], rows);
     jmin = min64(jmin, jfirst[g]);
     jmax = jmax > jlast[g] ? jmax : jlast[g];
   }
@@ -98,15 +106,13 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
     const int64_t j0 = jb * t.bn, cols = min64(p.seqlen_k, j0 + t.bn) - j0;
     for (int64_t g = 0; g < blocks; ++g) {
       if (jb < jfirst[g] || jb > jlast[g]) continue;
-      const int64_t i0 = (first_ib + g) * t.bm, i1 = min64(p.seqlen_q, i0 + t.bm);
-      const Mask mask = tile_mask(p.band, i0, j0);
-      f[g].add(b, hk, j0, cols, p.band.covers(i0, i1, j0, j0 + cols) ? nullptr : &mask, jb == jfirst[g]);
+      const int64_t i1 = min64(p.seqlen_q, i0[g] + t.bm);
+      const Mask mask = tile_mask(p.band, i0[g], j0);
+      f[g].add(b, hk, j0, cols, p.band.covers(i0[g], i1, j0, j0 + cols) ? nullptr : &mask, jb == jfirst[g]);
     }
   }
-  for (int64_t g = 0; g < blocks; ++g) {
-    const int64_t i0 = (first_ib + g) * t.bm;
-    if (jfirst[g] <= jlast[g]) f[g].finish(b, h, i0, min64(p.seqlen_q, i0 + t.bm) - i0);
-  }
+  for (int64_t g = 0; g < blocks; ++g)
+    if (jfirst[g] <= jlast[g]) f[g].finish(b, h[g], i0[g], min64(p.seqlen_q, i0[g] + t.bm) - i0[g]);
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -25,10 +25,10 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 const KernelSet& active_kernels(const core::Problem& p) { return kernels_for(active_isa(), p.dtype); }
 
-// Forward items are groups of `group` query blocks of one head; backward items, groups of `group`
-// key blocks of one kv head.
+// Forward items are groups of `group` query blocks of the query heads of one kv head; backward items,
+// groups of `group` key blocks of one kv head.
 int64_t forward_items(const core::Problem& p, Tiles t, int64_t group) {
-  return p.batch * p.heads_q * ceil_div(ceil_div(p.seqlen_q, t.bm), group);
+  return p.batch * p.heads_kv * ceil_div(p.group() * ceil_div(p.seqlen_q, t.bm), group);
 }
 int64_t backward_items(const core::Problem& p, Tiles t, int64_t group) {
   return p.batch * p.heads_kv * ceil_div(ceil_div(p.seqlen_k, t.bn), group);
@@ -65,7 +65,7 @@ struct ForwardLayout {
 };
 
 // Blocks per work item: up to kMaxGroup, so that the operands the blocks share (the keys and values of
-// a head in the forward; the queries, dO and dQ rows in the backward) are read from memory once per
+// a kv head in the forward; the queries, dO and dQ rows in the backward) are read from memory once per
 // group rather than once per block, while every thread still has at least 4 items to balance. A
 // function of the problem and the thread count only; the results do not depend on it.
 template <class Items>

@@ -20,7 +20,8 @@ struct Tiles {
 // key blocks in the backward (BackwardJob::k_group).
 constexpr int64_t kMaxGroup = 4;
 
-// Everything a forward work item needs; items are (batch, head, group of q_group query blocks).
+// Everything a forward work item needs; items are (batch, kv head, group of q_group query blocks of
+// its query heads: blocks of one head, or of consecutive heads when a head has fewer).
 struct ForwardJob {
   const core::Problem* p = nullptr;
   Tiles tiles;

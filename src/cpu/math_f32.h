@@ -124,12 +124,15 @@ struct MathF32 {
    public:
     Forward(const ForwardJob& job, char* scratch) : job_(job), p_(*job.p), t_(job.tiles), s_(p_, t_, scratch) {}
 
-    // A query block: qt [D][BMp] = (Q rows)^T; rows >= `rows` are zero.
+    // A query block: qt [D][BMp] = (Q rows)^T; rows from `rows` up to rp_ (rows rounded up to a vector
+    // of kLanes) are zero, and nothing works beyond rp_ (a short block, e.g. Sq = 1 in decoding, takes
+    // a sixteenth of a full block's products, not all of them).
     void begin(int64_t b, int64_t h, int64_t i0, int64_t rows) {
-      Micro::pack_t(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, 1.0f, s_.qt, s_.bmp, s_.bmp);
-      fill(s_.m, s_.bmp, -kInf);
-      fill(s_.l, s_.bmp, 0.0f);
       rows_ = rows;
+      rp_ = round_up(rows, kLanes);
+      Micro::pack_t(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, 1.0f, s_.qt, s_.bmp, rp_);
+      fill(s_.m, rp_, -kInf);
+      fill(s_.l, rp_, 0.0f);
     }
 
     // A key block: S^T, an online-softmax step, O = alpha O + P V.
@@ -149,9 +152,9 @@ struct MathF32 {
         ldk = p_.k.ss;
         ldv = p_.v.ss;
       }
-      // st [cols][BMp] = K Q^T, then P^T = exp2((S^T - m) * scale * log2(e))
-      Micro::gemm(cols, s_.bmp, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, false, nullptr);
-      Micro::softmax_t(s_.st, s_.bmp, s_.bmp, cols, log2_scale(p_), mask, s_.m, s_.l, s_.alpha);
+      // st [cols][rp_] (ld BMp) = K Q^T, then P^T = exp2((S^T - m) * scale * log2(e))
+      Micro::gemm(cols, rp_, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, false, nullptr);
+      Micro::softmax_t(s_.st, s_.bmp, rp_, cols, log2_scale(p_), mask, s_.m, s_.l, s_.alpha);
       // oacc [rows][Dv] = alpha * oacc + P V   (P(r, c) = st[c][r]); row r sums only the keys it sees
       if (mask)
         Micro::gemm_banded(rows_, dv, cols, s_.st, 1, s_.bmp, v, ldv, s_.oacc, s_.dvp, !first,
@@ -176,7 +179,7 @@ struct MathF32 {
     const core::Problem& p_;
     Tiles t_;
     ForwardScratch s_;
-    int64_t rows_ = 0;
+    int64_t rows_ = 0, rp_ = 0;
   };
 
   // Per-thread scratch of the backward, in floats:
