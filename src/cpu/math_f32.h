@@ -5,7 +5,8 @@
 // since every block of them is used by many tiles. Every output is rounded once from its f32 total.
 //
 // Forward: the scores are computed transposed, S^T = K Q^T [BN keys][BM rows], so Q is packed once per
-// query block and K, V are read in place; the softmax then runs across rows in SIMD lanes. Both passes
+// query block and K, V are read in place; the softmax then runs across rows in SIMD lanes. A block of
+// a few rows (decoding) computes S = Q K^T instead, the keys in the lanes, and transposes it. Both passes
 // compute the raw scores s = q.k the same way (one FMA chain over D from 0, in order: the same bits)
 // and apply mul = scale * log2(e) in the exponent (forward exp2((s - max s) mul), backward
 // exp2(s mul - lse2)), so the backward's P is the forward's but for the rounding of the LSE, also
@@ -94,17 +95,30 @@ struct MathF32 {
             row_ptr<const T>(p.dout, q.b, q.head, q.first), p.dout.ss, p.head_dim_v, q.rows, qf, dof);
   }
 
+  // A query block of at most this many rows (decoding's one, the remainder of Sq) computes its
+  // scores as S = Q K^T, the keys in the lanes, and transposes S into S^T: with its rows in the lanes,
+  // a vector of 16 lanes would hold these few rows and zeros.
+  static constexpr int64_t kFewRows = 8;
+  static bool has_few_rows(const core::Problem& p, Tiles t) {
+    const int64_t last = p.seqlen_q % t.bm;
+    return last > 0 && last <= kFewRows;
+  }
+
   // Per-thread scratch of the forward, in floats:
   //   qt    [D][BMp]    Q^T of the block
   //   st    [BN][BMp]   S^T (raw scores), then P^T, of one tile
   //   oacc  [BMp][Dvp]  unnormalized output rows
   //   m, l, alpha [BMp] running max (raw scores), running sum, rescale factor of this tile
+  // and only when the last query block has at most kFewRows rows (has_few_rows):
+  //   kt    [D][BNp]    K^T of the key block
+  //   s     [kFewRows][BNp] S of the block
   struct ForwardScratch {
-    int64_t bmp, dp, dvp;
-    float *qt, *st, *oacc, *m, *l, *alpha;
+    int64_t bmp, bnp, dp, dvp;
+    float *qt, *st, *oacc, *m, *l, *alpha, *kt, *s;
 
     ForwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) {
       bmp = round_up(t.bm, kLanes);
+      bnp = round_up(t.bn, kLanes);
       dp = round_up(p.head_dim, kLanes);
       dvp = round_up(p.head_dim_v, kLanes);
       Carver c{base};
@@ -114,6 +128,9 @@ struct MathF32 {
       m = c.floats(bmp);
       l = c.floats(bmp);
       alpha = c.floats(bmp);
+      const bool few = has_few_rows(p, t);
+      kt = few ? c.floats(p.head_dim * bnp) : nullptr;
+      s = few ? c.floats(kFewRows * bnp) : nullptr;
       if (bytes) *bytes = c.used;
     }
   };
@@ -152,8 +169,16 @@ struct MathF32 {
         ldk = p_.k.ss;
         ldv = p_.v.ss;
       }
-      // st [cols][rp_] (ld BMp) = K Q^T, then P^T = exp2((S^T - m) * scale * log2(e))
-      Micro::gemm(cols, rp_, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, false, nullptr);
+      // st [cols][rp_] (ld BMp) = K Q^T, then P^T = exp2((S^T - m) * scale * log2(e)). A block of
+      // few rows takes S = Q K^T (Q(r, x) = qt[x][r]) and transposes it: each score is the same FMA
+      // chain over D either way, so the same bits.
+      if (s_.kt && rows_ <= kFewRows) {
+        Micro::pack_t(k, ldk, cols, d, 1.0f, s_.kt, s_.bnp, round_up(cols, kLanes));
+        Micro::gemm(rows_, cols, d, s_.qt, 1, s_.bmp, s_.kt, s_.bnp, s_.s, s_.bnp, false, nullptr);
+        Micro::pack_t(s_.s, s_.bnp, rows_, cols, 1.0f, s_.st, s_.bmp, rp_);
+      } else {
+        Micro::gemm(cols, rp_, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, false, nullptr);
+      }
       Micro::softmax_t(s_.st, s_.bmp, rp_, cols, log2_scale(p_), mask, s_.m, s_.l, s_.alpha);
       // oacc [rows][Dv] = alpha * oacc + P V   (P(r, c) = st[c][r]); row r sums only the keys it sees
       if (mask)
