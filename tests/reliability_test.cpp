@@ -276,6 +276,63 @@ TEST_F(Reliability, TinyAndSubnormalValues) {
   }
 }
 
+// Half-precision outputs are rounded once, to nearest even, from their f32 totals, by every path (the
+// vector stores of each instruction set included). For every bit pattern a of the dtype whose next
+// pattern b is finite and of the same sign, o = (a + b) / 2 (two keys of equal score, values a and b)
+// and dv = a + b (one key, two query rows with dout a and b) are exact in f32 and fall halfway
+// between two values of the dtype: ties, in every binade, among subnormals, and at the overflow to
+// inf. Each must be the test's own rounding of it (test_util.cpp), bit for bit.
+TEST_F(Reliability, HalfOutputsRoundTiesToEven) {
+  constexpr int64_t kHeads = 256, kDv = 256; // a column per bit pattern: 65536
+  for (fb_dtype dtype : {FB_BF16, FB_F16}) {
+    // a and b of pattern `bits`, or 0 and 0 where there is no such pair
+    std::vector<float> a(kHeads * kDv, 0.0f), b(kHeads * kDv, 0.0f);
+    for (uint32_t bits = 0; bits < 65536; ++bits) {
+      const float x = fbtest::value_of_bits(dtype, static_cast<uint16_t>(bits));
+      const float y = fbtest::value_of_bits(dtype, static_cast<uint16_t>(bits + 1));
+      if (std::isfinite(x) && std::isfinite(y) && ((bits + 1) & 0x7FFFu) != 0) a[bits] = x, b[bits] = y;
+    }
+    auto expect_rounded = [&](const char* what, const Tensor& out, auto exact) {
+      const std::vector<double> got = out.read();
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < kHeads * kDv; ++i) {
+        const float want = fbtest::round_to(dtype, exact(a[i], b[i]));
+        if (got[i] == want && std::signbit(got[i]) == std::signbit(want)) continue;
+        if (++wrong <= 5)
+          ADD_FAILURE() << fbtest::dtype_name(dtype) << " " << what << " of pattern " << i << " (" << a[i] << ", "
+                        << b[i] << "): " << got[i] << ", expected " << want;
+      }
+      EXPECT_EQ(wrong, 0) << what << ": patterns rounded wrongly";
+    };
+    auto column = [](int64_t h, int64_t row, int64_t rows, int64_t x) { return (h * rows + row) * kDv + x; };
+
+    Case fwd = make_case(dtype, {1, kHeads, kHeads, 1, 2, 4, kDv});
+    SCOPED_TRACE(fwd.describe() + "; " + fbtest::seed_note());
+    Inputs in = inputs_for(fwd);
+    in.q.write(std::vector<double>(in.q.read().size(), 0.0)); // every score 0: P = 1/2 for both keys
+    std::vector<double> v(kHeads * 2 * kDv);
+    for (int64_t h = 0; h < kHeads; ++h)
+      for (int64_t x = 0; x < kDv; ++x) {
+        v[column(h, 0, 2, x)] = a[h * kDv + x];
+        v[column(h, 1, 2, x)] = b[h * kDv + x];
+      }
+    in.v.write(v);
+    expect_rounded("o", run(fwd, in).o, [](float p, float q) { return (p + q) * 0.5f; });
+
+    Case bwd = make_case(dtype, {1, kHeads, kHeads, 2, 1, 4, kDv});
+    Inputs bin = inputs_for(bwd);
+    bin.q.write(std::vector<double>(bin.q.read().size(), 0.0)); // one key: P = 1 for both rows
+    std::vector<double> dout(kHeads * 2 * kDv);
+    for (int64_t h = 0; h < kHeads; ++h)
+      for (int64_t x = 0; x < kDv; ++x) {
+        dout[column(h, 0, 2, x)] = a[h * kDv + x];
+        dout[column(h, 1, 2, x)] = b[h * kDv + x];
+      }
+    bin.dout.write(dout);
+    expect_rounded("dv", run(bwd, bin).dv, [](float p, float q) { return p + q; });
+  }
+}
+
 // Sk = 1: softmax over one key is 1, so each row that sees it gets o = v exactly (exp2(0) = 1, l = 1)
 // and lse = its one logit; the gradients match the reference (dq and dk are ~0: dP - delta cancels).
 // Causal with Sq > 1 leaves every row but the last blind (see FullyMaskedRows for those).

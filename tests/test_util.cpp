@@ -240,6 +240,12 @@ float round_to(fb_dtype t, float x) {
   return load_element(t, bytes);
 }
 
+float value_of_bits(fb_dtype t, uint16_t bits) {
+  unsigned char bytes[2];
+  std::memcpy(bytes, &bits, 2);
+  return load_element(t, bytes);
+}
+
 std::vector<float> round_to(fb_dtype t, std::vector<float> x) {
   for (float& e : x) e = round_to(t, e);
   return x;

@@ -103,6 +103,8 @@ const char* dtype_name(fb_dtype t);
 double unit_roundoff(fb_dtype t);
 // x rounded to the storage type (to nearest even), as a float.
 float round_to(fb_dtype t, float x);
+// The value of a 16-bit pattern of bf16 or f16, as a float.
+float value_of_bits(fb_dtype t, uint16_t bits);
 std::vector<float> round_to(fb_dtype t, std::vector<float> x);
 
 // The NaN that poisons outputs (for each dtype); its payload makes a copy of it distinguishable from

@@ -15,9 +15,9 @@
 // its own are done, or its own and already added), so this cannot deadlock.
 //
 // A Math policy provides: T (storage type), tiles(), *_scratch_bytes() (per thread), *_shared_bytes()
-// and *_prepare() (operands packed once per call, e.g. bf16 tiles; may be empty), dot(), and the
-// classes Forward {begin, add, finish} and Backward {begin, add, add_dq, finish}; optionally
-// thread_begin() and thread_end() (KernelSet).
+// and *_prepare() (operands packed once per call, e.g. bf16 tiles; may be empty), dot(), store_row()
+// (an f32 row rounded to T), and the classes Forward {begin, add, finish} and Backward {begin, add,
+// add_dq, finish}; optionally thread_begin() and thread_end() (KernelSet).
 //
 // Internal linkage on purpose (see blocks.h).
 #pragma once
@@ -214,7 +214,7 @@ void backward_store_dq(const BackwardJob& job, int64_t begin, int64_t end) {
   for (int64_t row = begin; row < end; ++row) {
     const int64_t bh = row / p.seqlen_q, i = row % p.seqlen_q;
     const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
-    store_row(job.dq_acc + b * job.dq_sb + h * job.dq_sh + i * job.dq_ss, p.head_dim, 1.0f,
+    Math::store_row(job.dq_acc + b * job.dq_sb + h * job.dq_sh + i * job.dq_ss, p.head_dim, 1.0f,
               row_ptr<T>(p.dq, b, h, i));
   }
 }

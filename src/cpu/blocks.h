@@ -122,10 +122,5 @@ void gemm_banded(Gemm&& gemm, int64_t group, int64_t m, int64_t n, int64_t kk, c
   }
 }
 
-template <class T>
-void store_row(const float* src, int64_t n, float mul, T* dst) {
-  for (int64_t x = 0; x < n; ++x) dst[x] = from_float<T>(src[x] * mul);
-}
-
 } // namespace
 } // namespace flashback::cpu

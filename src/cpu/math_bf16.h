@@ -45,6 +45,7 @@ struct MathBf16 {
 
   static Tiles tiles(const core::Problem& p, bool backward) { return BMicro::tiles(p, backward); }
   static float dot(const T* a, const T* b, int64_t n) { return F::dot(a, b, n); }
+  static void store_row(const float* src, int64_t n, float mul, T* dst) { F::store_row(src, n, mul, dst); }
   static void thread_begin() { BMicro::begin(); }
   static void thread_end() { BMicro::end(); }
 
@@ -144,7 +145,7 @@ struct MathBf16 {
       float* lse = p_.lse.data + b * p_.lse.sb + h * p_.lse.sh + i0;
       for (int64_t r = 0; r < rows; ++r) {
         const float inv = s_.l[r] != 0.0f ? 1.0f / s_.l[r] : 0.0f; // l = 0: no key, O = 0
-        store_row(s_.oacc + r * s_.z.dvn, p_.head_dim_v, inv, o + r * p_.o.ss);
+        F::store_row(s_.oacc + r * s_.z.dvn, p_.head_dim_v, inv, o + r * p_.o.ss);
         lse[r] = lse_of(s_.m[r], s_.l[r]);
       }
     }
@@ -340,8 +341,8 @@ struct MathBf16 {
 
     void finish(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
       for (int64_t c = 0; c < cols; ++c) {
-        if (job_.need_dk) store_row(s_.dk + c * s_.z.dn, p_.head_dim, 1.0f, row_ptr<T>(p_.dk, b, hk, j0 + c));
-        if (job_.need_dv) store_row(s_.dv + c * s_.z.dvn, p_.head_dim_v, 1.0f, row_ptr<T>(p_.dv, b, hk, j0 + c));
+        if (job_.need_dk) F::store_row(s_.dk + c * s_.z.dn, p_.head_dim, 1.0f, row_ptr<T>(p_.dk, b, hk, j0 + c));
+        if (job_.need_dv) F::store_row(s_.dv + c * s_.z.dvn, p_.head_dim_v, 1.0f, row_ptr<T>(p_.dv, b, hk, j0 + c));
       }
     }
 

@@ -42,6 +42,7 @@ struct MathF32 {
 
   static Tiles tiles(const core::Problem& p, bool backward) { return Micro::tiles(p, backward); }
   static float dot(const T* a, const T* b, int64_t n) { return Micro::dot(a, b, n); }
+  static void store_row(const float* src, int64_t n, float mul, T* dst) { Micro::store_row(src, n, mul, dst); }
 
   // One block of `rows` rows of the f32 copies in the shared workspace: [rows][Dp] then [rows][Dvp].
   static int64_t block_floats(const core::Problem& p, int64_t rows) {
@@ -194,7 +195,7 @@ struct MathF32 {
       for (int64_t r = 0; r < rows; ++r) {
         // l = 0: this row sees no key; its zero accumulator gives O = 0.
         const float inv = s_.l[r] != 0.0f ? 1.0f / s_.l[r] : 0.0f;
-        store_row(s_.oacc + r * s_.dvp, p_.head_dim_v, inv, o + r * p_.o.ss);
+        Micro::store_row(s_.oacc + r * s_.dvp, p_.head_dim_v, inv, o + r * p_.o.ss);
         lse[r] = lse_of(static_cast<double>(s_.m[r]) * log2_scale(p_), s_.l[r]);
       }
     }
@@ -300,8 +301,8 @@ struct MathF32 {
 
     void finish(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
       for (int64_t c = 0; c < cols; ++c) {
-        if (job_.need_dk) store_row(s_.dk + c * s_.dp, p_.head_dim, 1.0f, row_ptr<T>(p_.dk, b, hk, j0 + c));
-        if (job_.need_dv) store_row(s_.dv + c * s_.dvp, p_.head_dim_v, 1.0f, row_ptr<T>(p_.dv, b, hk, j0 + c));
+        if (job_.need_dk) Micro::store_row(s_.dk + c * s_.dp, p_.head_dim, 1.0f, row_ptr<T>(p_.dk, b, hk, j0 + c));
+        if (job_.need_dv) Micro::store_row(s_.dv + c * s_.dvp, p_.head_dim_v, 1.0f, row_ptr<T>(p_.dv, b, hk, j0 + c));
       }
     }
 

@@ -225,6 +225,16 @@ struct MicroF32 {
     }
   }
 
+  // dst[x] = src[x] * mul rounded to T (as from_float, half.h), for x < n.
+  template <class T>
+  static void store_row(const float* src, int64_t n, float mul, T* dst) {
+    const R m = V::set1(mul);
+    for (int64_t x = 0; x < n; x += L) {
+      const int k = static_cast<int>(min64(L, n - x));
+      V::store(dst + x, V::mul(V::load(src + x, k), m), k);
+    }
+  }
+
   template <class T>
   static float dot(const T* a, const T* b, int64_t n) {
     R s = V::zero();

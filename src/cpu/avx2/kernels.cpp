@@ -44,6 +44,36 @@ struct V256 {
     std::memcpy(tmp, p, static_cast<size_t>(n) * sizeof(T));
     return _mm_loadu_si128(reinterpret_cast<const __m128i*>(tmp));
   }
+  // The first n (<= 8) lanes stored at p, rounded to the storage type bit for bit as from_float
+  // (half.h) rounds: to nearest even, NaN as its quiet NaN; nothing past them is written.
+  static void store(float* p, reg x, int n) { _mm256_maskstore_ps(p, first_lanes(n), x); }
+  static void store(bf16* p, reg x, int n) {
+    const __m256i u = _mm256_castps_si256(x), high = _mm256_srli_epi32(u, 16);
+    const __m256i odd = _mm256_and_si256(high, _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd), 16);
+    const __m256i quiet = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    store8x16(p, pack16(_mm256_blendv_epi8(rounded, quiet, nan)), n);
+  }
+  static void store(f16* p, reg x, int n) {
+    const __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 16), _mm256_set1_epi32(0x8000));
+    const __m128i quiet = pack16(_mm256_or_si256(sign, _mm256_set1_epi32(0x7E00)));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    const __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
+    store8x16(p, _mm_blendv_epi8(h, quiet, nan16), n);
+  }
+  // Eight 32-bit lanes holding values in [0, 0xFFFF] as eight 16-bit ones, in order.
+  static __m128i pack16(__m256i v) {
+    return _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  }
+  template <class T>
+  static void store8x16(T* p, __m128i v, int n) {
+    if (n >= 8) return _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v);
+    uint16_t tmp[8];
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(tmp), v);
+    std::memcpy(p, tmp, static_cast<size_t>(n) * sizeof(T));
+  }
   static reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
   static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
   static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }

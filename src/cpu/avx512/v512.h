@@ -35,6 +35,24 @@ struct V512 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
   static reg load(const f16* p, int n) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first_lanes(n), p)); }
+  // The first n (<= 16) lanes stored at p, rounded to the storage type bit for bit as from_float
+  // (half.h) rounds: to nearest even, NaN as its quiet NaN; nothing past them is written.
+  static void store(float* p, reg x, int n) { _mm512_mask_storeu_ps(p, first_lanes(n), x); }
+  static void store(bf16* p, reg x, int n) {
+    const __m512i u = _mm512_castps_si512(x), high = _mm512_srli_epi32(u, 16);
+    const __m512i odd = _mm512_and_si512(high, _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), odd), 16);
+    const __m512i quiet = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    _mm256_mask_storeu_epi16(p, first_lanes(n), _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet)));
+  }
+  static void store(f16* p, reg x, int n) {
+    const __m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(x), 16), _mm512_set1_epi32(0x8000));
+    const __m256i quiet = _mm512_cvtepi32_epi16(_mm512_or_si512(sign, _mm512_set1_epi32(0x7E00)));
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    _mm256_mask_storeu_epi16(p, first_lanes(n), _mm256_mask_blend_epi16(nan, h, quiet));
+  }
   static reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
   static reg sub(reg a, reg b) { return _mm512_sub_ps(a, b); }
   static reg mul(reg a, reg b) { return _mm512_mul_ps(a, b); }

@@ -110,6 +110,12 @@ struct ScalarMicro {
       }
   }
 
+  // dst[x] = src[x] * mul rounded to T, for x < n.
+  template <class T>
+  static void store_row(const float* src, int64_t n, float mul, T* dst) {
+    for (int64_t x = 0; x < n; ++x) dst[x] = from_float<T>(src[x] * mul);
+  }
+
   template <class T>
   static float dot(const T* a, const T* b, int64_t n) {
     float s = 0.0f;
