@@ -304,31 +304,25 @@ TEST_F(Reliability, HalfOutputsRoundTiesToEven) {
       }
       EXPECT_EQ(wrong, 0) << what << ": patterns rounded wrongly";
     };
-    auto column = [](int64_t h, int64_t row, int64_t rows, int64_t x) { return (h * rows + row) * kDv + x; };
+    // [heads][2][Dv]: row 0 of head h holds a of patterns h * Dv.., row 1 their b
+    std::vector<double> two_rows(kHeads * 2 * kDv);
+    for (int64_t h = 0; h < kHeads; ++h)
+      for (int64_t x = 0; x < kDv; ++x) {
+        two_rows[(h * 2 + 0) * kDv + x] = a[h * kDv + x];
+        two_rows[(h * 2 + 1) * kDv + x] = b[h * kDv + x];
+      }
 
     Case fwd = make_case(dtype, {1, kHeads, kHeads, 1, 2, 4, kDv});
     SCOPED_TRACE(fwd.describe() + "; " + fbtest::seed_note());
     Inputs in = inputs_for(fwd);
     in.q.write(std::vector<double>(in.q.read().size(), 0.0)); // every score 0: P = 1/2 for both keys
-    std::vector<double> v(kHeads * 2 * kDv);
-    for (int64_t h = 0; h < kHeads; ++h)
-      for (int64_t x = 0; x < kDv; ++x) {
-        v[column(h, 0, 2, x)] = a[h * kDv + x];
-        v[column(h, 1, 2, x)] = b[h * kDv + x];
-      }
-    in.v.write(v);
+    in.v.write(two_rows);
     expect_rounded("o", run(fwd, in).o, [](float p, float q) { return (p + q) * 0.5f; });
 
     Case bwd = make_case(dtype, {1, kHeads, kHeads, 2, 1, 4, kDv});
     Inputs bin = inputs_for(bwd);
     bin.q.write(std::vector<double>(bin.q.read().size(), 0.0)); // one key: P = 1 for both rows
-    std::vector<double> dout(kHeads * 2 * kDv);
-    for (int64_t h = 0; h < kHeads; ++h)
-      for (int64_t x = 0; x < kDv; ++x) {
-        dout[column(h, 0, 2, x)] = a[h * kDv + x];
-        dout[column(h, 1, 2, x)] = b[h * kDv + x];
-      }
-    bin.dout.write(dout);
+    bin.dout.write(two_rows);
     expect_rounded("dv", run(bwd, bin).dv, [](float p, float q) { return p + q; });
   }
 }
