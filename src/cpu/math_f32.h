@@ -2,7 +2,9 @@
 // dscores, dot; see scalar/kernels.cpp). Storage T is float, bf16 or f16. f32 operands are read in
 // place; half-precision K, V (forward) and Q, dO (backward) are converted to f32 once per call, in the
 // prepare phase, into the shared workspace (B Hk Sk (D + Dv) or B Hq Sq (D + Dv) floats, rows padded),
-// since every block of them is used by many tiles. Every output is rounded once from its f32 total.
+// since every block of them is used by many tiles; where the forward's key blocks are used by few
+// (decoding: forward_converts_per_tile), per tile instead. Every output is rounded once from its f32
+// total.
 //
 // Forward: the scores are computed transposed, S^T = K Q^T [BN keys][BM rows], so Q is packed once per
 // query block and K, V are read in place; the softmax then runs across rows in SIMD lanes. A block of
@@ -60,13 +62,23 @@ struct MathF32 {
     Micro::load_rows(b, ldb, rows, db, fb, round_up(db, kLanes));
   }
 
+  // Half precision, forward: K and V are converted once per call (the prepare phase) when each key
+  // block serves many query blocks, and per tile, into the query block's scratch, when the query
+  // side of a kv head is at most kMaxGroup blocks (decoding, short chunks): then a key block serves
+  // one work item or few, and converting it where it is used reads half the bytes that writing and
+  // reading an f32 copy moves. Both give the same f32 values.
+  static bool forward_converts_per_tile(const core::Problem& p, Tiles t) {
+    return kConvert && p.group() * ((p.seqlen_q + t.bm - 1) / t.bm) <= kMaxGroup;
+  }
+
   static size_t forward_shared_bytes(const core::Problem& p, Tiles t) {
-    if (!kConvert) return 0;
+    if (!kConvert || forward_converts_per_tile(p, t)) return 0;
     return static_cast<size_t>(p.batch * p.heads_kv * round_up(p.seqlen_k, t.bn) / t.bn * block_floats(p, t.bn)) *
            sizeof(float);
   }
   static int64_t forward_prepare_items(const ForwardJob& job) {
-    return kConvert ? job.p->batch * job.p->heads_kv * job.kv_blocks : 0;
+    if (!kConvert || forward_converts_per_tile(*job.p, job.tiles)) return 0;
+    return job.p->batch * job.p->heads_kv * job.kv_blocks;
   }
   // Key block `item` = (b, hk, jb) of K and V in f32.
   static void forward_prepare(const ForwardJob& job, int64_t item) {
@@ -113,9 +125,11 @@ struct MathF32 {
   // and only when the last query block has at most kFewRows rows (has_few_rows):
   //   kt    [D][BNp]    K^T of the key block
   //   s     [kFewRows][BNp] S of the block
+  // and only when half-precision K and V are converted per tile (forward_converts_per_tile):
+  //   kf [BN][Dp], vf [BN][Dvp]   the key block's K and V in f32
   struct ForwardScratch {
     int64_t bmp, bnp, dp, dvp;
-    float *qt, *st, *oacc, *m, *l, *alpha, *kt, *s;
+    float *qt, *st, *oacc, *m, *l, *alpha, *kt, *s, *kf, *vf;
 
     ForwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) {
       bmp = round_up(t.bm, kLanes);
@@ -132,6 +146,9 @@ struct MathF32 {
       const bool few = has_few_rows(p, t);
       kt = few ? c.floats(p.head_dim * bnp) : nullptr;
       s = few ? c.floats(kFewRows * bnp) : nullptr;
+      const bool per_tile = forward_converts_per_tile(p, t);
+      kf = per_tile ? c.floats(t.bn * dp) : nullptr;
+      vf = per_tile ? c.floats(t.bn * dvp) : nullptr;
       if (bytes) *bytes = c.used;
     }
   };
@@ -159,8 +176,14 @@ struct MathF32 {
       const float *k, *v;
       int64_t ldk, ldv;
       if constexpr (kConvert) {
-        float* vf;
-        k = converted(job_.shared, p_, t_.bn, (b * p_.heads_kv + hk) * job_.kv_blocks + j0 / t_.bn, &vf);
+        float* vf = s_.vf;
+        if (s_.kf) {
+          convert(row_ptr<const T>(p_.k, b, hk, j0), p_.k.ss, d, row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, dv,
+                  cols, s_.kf, s_.vf);
+          k = s_.kf;
+        } else {
+          k = converted(job_.shared, p_, t_.bn, (b * p_.heads_kv + hk) * job_.kv_blocks + j0 / t_.bn, &vf);
+        }
         v = vf;
         ldk = s_.dp;
         ldv = s_.dvp;
