@@ -68,7 +68,7 @@ struct MathF32 {
   // one work item or few, and converting it where it is used reads half the bytes that writing and
   // reading an f32 copy moves. Both give the same f32 values.
   static bool forward_converts_per_tile(const core::Problem& p, Tiles t) {
-    return kConvert && p.group() * ((p.seqlen_q + t.bm - 1) / t.bm) <= kMaxGroup;
+    return kConvert && p.group() * (round_up(p.seqlen_q, t.bm) / t.bm) <= kMaxGroup;
   }
 
   static size_t forward_shared_bytes(const core::Problem& p, Tiles t) {
@@ -176,15 +176,16 @@ struct MathF32 {
       const float *k, *v;
       int64_t ldk, ldv;
       if constexpr (kConvert) {
-        float* vf = s_.vf;
-        if (s_.kf) {
+        if (s_.kf) { // converted here (forward_converts_per_tile)
           convert(row_ptr<const T>(p_.k, b, hk, j0), p_.k.ss, d, row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, dv,
                   cols, s_.kf, s_.vf);
           k = s_.kf;
-        } else {
+          v = s_.vf;
+        } else { // converted once per call, in the prepare phase
+          float* vf;
           k = converted(job_.shared, p_, t_.bn, (b * p_.heads_kv + hk) * job_.kv_blocks + j0 / t_.bn, &vf);
+          v = vf;
         }
-        v = vf;
         ldk = s_.dp;
         ldv = s_.dvp;
       } else {
