@@ -187,7 +187,7 @@ void skip(benchmark::State& state, const char* why) {
 // The library's f32 microkernel alone, on L1-resident blocks of the forward's S^T = K Q^T shape
 // (64 x 64 x D), one per thread: the part of the gap to the ceiling that is the kernel's.
 void f32_microkernel(benchmark::State& state, int head_dim) {
-  if (f32_microkernel_flops(1, 0.001, 64, 64, head_dim) == 0) return skip(state, "no AVX-512 here");
+  if (f32_microkernel_flops(1, 0.001, 64, 64, head_dim) == 0) return skip(state, "no AVX-512 or AVX2 here");
   double flops = 0;
   timed(state, [&] { flops = f32_microkernel_flops(threads(), 1.0, 64, 64, head_dim); });
   state.counters["kernel_flops"] = flops;

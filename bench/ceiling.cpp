@@ -6,7 +6,8 @@ double fma_probe_avx512(int threads, long iters);
 double fma_probe_avx2(int threads, long iters);
 double dpbf16_probe(int threads, long iters);
 double amx_probe(int threads, long iters);
-double f32_microkernel_probe(int threads, long iters, int m, int n, int k);
+double f32_microkernel_probe_avx512(int threads, long iters, int m, int n, int k);
+double f32_microkernel_probe_avx2(int threads, long iters, int m, int n, int k);
 
 namespace {
 
@@ -34,12 +35,15 @@ double amx_ceiling_flops(int threads, double seconds) {
 
 double f32_microkernel_flops(int threads, double seconds, int m, int n, int k) {
 #if defined(FLASHBACK_BENCH_KERNEL)
-  if (!__builtin_cpu_supports("avx512f")) return 0;
+  // The kernel the library runs in f32 here (as fma_ceiling_isa): AVX-512, else AVX2 + FMA.
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (!avx512 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
+  auto probe = avx512 ? &f32_microkernel_probe_avx512 : &f32_microkernel_probe_avx2;
   // Medians, not best of three: the kernel is compared with attention's medians.
   const long calib = 1000;
-  const double rate = f32_microkernel_probe(threads, calib, m, n, k);
+  const double rate = probe(threads, calib, m, n, k);
   const long iters = std::max<long>(calib, static_cast<long>(seconds * rate / (2.0 * m * n * k * threads)));
-  return f32_microkernel_probe(threads, iters, m, n, k);
+  return probe(threads, iters, m, n, k);
 #else
   (void)threads, (void)seconds, (void)m, (void)n, (void)k;
   return 0;

@@ -11,6 +11,6 @@ const char* fma_ceiling_isa();
 double dpbf16_ceiling_flops(int threads, double seconds);
 double amx_ceiling_flops(int threads, double seconds); // needs the library's AMX permission first
 
-// The library's AVX-512 f32 microkernel on m x n x k blocks in L1, one per thread (bench/kernel_avx512.cpp).
-// 0 without AVX-512F or on a non-x86 build.
+// The library's f32 microkernel (AVX-512, else AVX2 + FMA, as fma_ceiling_isa) on m x n x k blocks in
+// L1, one per thread (bench/kernel_probe.h). 0 without either or on a non-x86 build.
 double f32_microkernel_flops(int threads, double seconds, int m, int n, int k);

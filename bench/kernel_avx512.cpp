@@ -1,24 +1,7 @@
-// The library's own AVX-512 f32 microkernel (cpu/micro_f32.h over 16-lane zmm, 6 x 64 register tiles)
-// on blocks that stay in L1, every thread on its own block: what the kernel reaches without the rest of
-// attention (softmax, packing, L2 traffic), to set against the register-only FMA ceiling of the same
-// run. Compiled with the library's avx512 flags only; called only when the CPU has AVX-512F.
-#include <omp.h>
-
-#include <vector>
-
+// The AVX-512 microkernel (16-lane zmm, 6 x 64 register tiles); called only when the CPU has AVX-512F.
 #include "cpu/avx512/v512.h"
-#include "cpu/micro_f32.h"
+#include "kernel_probe.h"
 
-double f32_microkernel_probe(int threads, long iters, int m, int n, int k) {
-  using Micro = flashback::cpu::MicroF32<flashback::cpu::V512>;
-  const double t0 = omp_get_wtime();
-#pragma omp parallel num_threads(threads)
-  {
-    // C = A B with A [m][k] row-major (as K for S^T = K Q^T), B [k][n]; accumulate after the first.
-    std::vector<float> a(static_cast<size_t>(m) * k, 0.001f), b(static_cast<size_t>(k) * n, 0.002f),
-        c(static_cast<size_t>(m) * n, 0.0f);
-    for (long i = 0; i < iters; ++i)
-      Micro::gemm(m, n, k, a.data(), k, 1, b.data(), n, c.data(), n, i > 0, nullptr);
-  }
-  return 2.0 * m * n * k * static_cast<double>(iters) * threads / (omp_get_wtime() - t0);
+double f32_microkernel_probe_avx512(int threads, long iters, int m, int n, int k) {
+  return microkernel_probe<flashback::cpu::V512>(threads, iters, m, n, k);
 }
