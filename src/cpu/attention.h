@@ -17,7 +17,8 @@
 // A Math policy provides: T (storage type), tiles(), *_scratch_bytes() (per thread), *_shared_bytes()
 // and *_prepare() (operands packed once per call, e.g. bf16 tiles; may be empty), dot(), store_row()
 // (an f32 row rounded to T), and the classes Forward {begin, add, finish} and Backward {begin, add,
-// add_dq, finish}; optionally thread_begin() and thread_end() (KernelSet).
+// add_dq, finish}; optionally Backward::add_dq_sum() (several workers' add_dq in one product),
+// thread_begin() and thread_end() (KernelSet).
 //
 // Internal linkage on purpose (see blocks.h).
 #pragma once
@@ -156,6 +157,17 @@ inline void wait_turn(int64_t* next, int64_t jb) {
 
 inline void pass_turn(int64_t* next, int64_t jb) { __atomic_store_n(next, jb + 1, __ATOMIC_RELEASE); }
 
+// dq += the dS K of n workers (consecutive key blocks, unmasked tiles), in order: the tile math's
+// add_dq_sum where it has one, else each worker's add_dq.
+template <class Backward>
+void add_dq_sum(Backward* w, int64_t n, float* dq, int64_t ld) {
+  if constexpr (requires { Backward::add_dq_sum(w, n, dq, ld); }) {
+    Backward::add_dq_sum(w, n, dq, ld);
+  } else {
+    for (int64_t g = 0; g < n; ++g) w[g].add_dq(dq, ld);
+  }
+}
+
 template <class Math>
 void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
   using Backward = typename Math::Backward;
@@ -186,17 +198,33 @@ void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
   for (int64_t h = hk * p.group(); h < (hk + 1) * p.group() && imin <= imax; ++h) {
     for (int64_t ib = imin; ib <= imax; ++ib) {
       const int64_t i0 = ib * t.bm, rows = min64(p.seqlen_q, i0 + t.bm) - i0;
+      // The key blocks that see this query block: gs[0] .. gs[0] + n - 1 (consecutive: the band's).
+      int64_t gs = -1, n = 0;
+      bool masked[kMaxGroup] = {};
       for (int64_t g = 0; g < blocks; ++g) {
         if (ib < ifirst[g] || ib > ilast[g]) continue;
         const int64_t jb = first_jb + g, j0 = jb * t.bn, cols = min64(p.seqlen_k, j0 + t.bn) - j0;
         const Mask mask = tile_mask(p.band, i0, j0);
-        w[g].add(b, h, i0, rows, p.band.covers(i0, i0 + rows, j0, j0 + cols) ? nullptr : &mask);
-        if (job.need_dq) { // dq [rows][D] += dS K, in key-block order
-          int64_t* next = job.dq_next + (b * p.heads_q + h) * job.q_blocks + ib;
-          wait_turn(next, jb);
-          w[g].add_dq(job.dq_acc + b * job.dq_sb + h * job.dq_sh + i0 * job.dq_ss, job.dq_ss);
-          pass_turn(next, jb);
+        masked[g] = !p.band.covers(i0, i0 + rows, j0, j0 + cols);
+        w[g].add(b, h, i0, rows, masked[g] ? &mask : nullptr);
+        if (gs < 0) gs = g;
+        ++n;
+      }
+      if (job.need_dq && n > 0) { // dq [rows][D] += dS K, in key-block order
+        int64_t* next = job.dq_next + (b * p.heads_q + h) * job.q_blocks + ib;
+        float* dq = job.dq_acc + b * job.dq_sb + h * job.dq_sh + i0 * job.dq_ss;
+        wait_turn(next, first_jb + gs);
+        for (int64_t g = gs, end = gs + n; g < end;) {
+          int64_t run = 1; // unmasked key blocks in a row go in one product where the tile math has one
+          while (!masked[g] && g + run < end && !masked[g + run]) ++run;
+          if (run > 1) {
+            add_dq_sum<Backward>(w + g, run, dq, job.dq_ss);
+          } else {
+            w[g].add_dq(dq, job.dq_ss);
+          }
+          g += run;
         }
+        pass_turn(next, first_jb + gs + n - 1);
       }
     }
   }

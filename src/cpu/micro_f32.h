@@ -23,11 +23,21 @@ struct MicroF32 {
   static_assert(MR * NV + NV + 1 <= V::kRegisters, "the C tile, a row of B and a broadcast must fit");
 
   // --- GEMM ----------------------------------------------------------------------------------------
-  // C[mr][nv*L] = (acc ? row_scale * C : 0) + A B over k < kk. The last vector of each row is
-  // masked by `last` when kTail (partial columns), so nothing outside the tile is read or written.
+  // One term of a sum of products A B over consecutive ranges of k (Segments): A(r, k) = a[r * ars +
+  // k * aks], B(k, x) = b[k * ldb + x] for k < kk, the strides shared by all terms.
+  struct Segment {
+    const float* a;
+    const float* b;
+    int64_t kk;
+  };
+
+  // C[mr][nv*L] = (acc ? row_scale * C : 0) + the sum of the segments' A B, rows from a + a_off and
+  // columns from b + b_off in each; C stays in registers across them (one FMA chain per element, in
+  // segment order: the same bits as one product over the concatenated k). The last vector of each
+  // row is masked by `last` when kTail (partial columns), so nothing outside the tile is read or written.
   template <int mr, int nv, bool kTail>
-  static void tile(int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb, float* c,
-                   int64_t ldc, bool acc, const float* row_scale, K last) {
+  static void tile(const Segment* seg, int nseg, int64_t a_off, int64_t ars, int64_t aks, int64_t b_off, int64_t ldb,
+                   float* c, int64_t ldc, bool acc, const float* row_scale, K last) {
     R cr[mr][nv];
 #pragma GCC unroll 8
     for (int r = 0; r < mr; ++r) {
@@ -42,20 +52,23 @@ struct MicroF32 {
         }
       }
     }
-    const float* ar[mr];
+    for (int sg = 0; sg < nseg; ++sg) {
+      const float* ar[mr];
 #pragma GCC unroll 8
-    for (int r = 0; r < mr; ++r) ar[r] = a + r * ars;
-    for (int64_t k = 0; k < kk; ++k) {
-      const float* brow = b + k * ldb;
-      R bv[nv];
+      for (int r = 0; r < mr; ++r) ar[r] = seg[sg].a + a_off + r * ars;
+      const float* b = seg[sg].b + b_off;
+      for (int64_t k = 0, kk = seg[sg].kk; k < kk; ++k) {
+        const float* brow = b + k * ldb;
+        R bv[nv];
 #pragma GCC unroll 4
-      for (int v = 0; v < nv; ++v)
-        bv[v] = kTail && v == nv - 1 ? V::load_masked(brow + v * L, last) : V::loadu(brow + v * L);
+        for (int v = 0; v < nv; ++v)
+          bv[v] = kTail && v == nv - 1 ? V::load_masked(brow + v * L, last) : V::loadu(brow + v * L);
 #pragma GCC unroll 8
-      for (int r = 0; r < mr; ++r) {
-        const R av = V::set1(ar[r][k * aks]);
+        for (int r = 0; r < mr; ++r) {
+          const R av = V::set1(ar[r][k * aks]);
 #pragma GCC unroll 4
-        for (int v = 0; v < nv; ++v) cr[r][v] = V::fma(av, bv[v], cr[r][v]);
+          for (int v = 0; v < nv; ++v) cr[r][v] = V::fma(av, bv[v], cr[r][v]);
+        }
       }
     }
 #pragma GCC unroll 8
@@ -70,7 +83,7 @@ struct MicroF32 {
       }
   }
 
-  using TileFn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, bool,
+  using TileFn = void (*)(const Segment*, int, int64_t, int64_t, int64_t, int64_t, int64_t, float*, int64_t, bool,
                           const float*, K);
 
   // The instantiation for (mr, nv, tail); a chain of compares, once per tile of thousands of FMAs.
@@ -93,23 +106,37 @@ struct MicroF32 {
     }
   }
 
-  // C[m][n] = (acc ? row_scale[r] * C : 0) + A B with A(r, k) = a[r * ars + k * aks],
-  // B(k, x) = b[k * ldb + x]. Column panels of NV*L outside (the panel of B stays in cache), row
-  // tiles of MR inside.
-  static void gemm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
-                   int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale) {
+  // The rows of the next row tile when `rest` rows are left: MR, but the last MR + 1 to 2 MR - 1 rows
+  // go in two tiles of about equal height, since a tile of one or two rows has too few accumulators
+  // to cover the FMA latency (128 rows: 20 x 6, then 4 + 4 rather than 6 + 2). Each element is the
+  // same FMA chain over k whatever the tiling: the same bits.
+  static int64_t row_tile(int64_t rest) { return rest > MR && rest < 2 * MR ? (rest + 1) / 2 : min64(MR, rest); }
+
+  // C[m][n] = (acc ? row_scale[r] * C : 0) + the sum over the segments of A B, each element one FMA
+  // chain through the segments in order. Column panels of NV*L outside (the panel of B stays in
+  // cache), row tiles of MR inside.
+  static void gemm_sum(int64_t m, int64_t n, const Segment* seg, int nseg, int64_t ars, int64_t aks, int64_t ldb,
+                       float* c, int64_t ldc, bool acc, const float* row_scale) {
     for (int64_t c0 = 0; c0 < n; c0 += NV * L) {
       const int64_t width = min64(NV * L, n - c0);
       const int nv = static_cast<int>((width + L - 1) / L);
       const int rem = static_cast<int>(width - (nv - 1) * L);
       const K last = V::first_lanes(rem);
       const bool tail = rem != L;
-      for (int64_t r0 = 0; r0 < m; r0 += MR) {
-        const int mr = static_cast<int>(min64(MR, m - r0));
-        pick_tile(mr, nv, tail)(kk, a + r0 * ars, ars, aks, b + c0, ldb, c + r0 * ldc + c0, ldc, acc,
-                                     row_scale ? row_scale + r0 : nullptr, last);
+      for (int64_t r0 = 0, mr = 0; r0 < m; r0 += mr) {
+        mr = row_tile(m - r0);
+        pick_tile(static_cast<int>(mr), nv, tail)(seg, nseg, r0 * ars, ars, aks, c0, ldb, c + r0 * ldc + c0, ldc,
+                                                  acc, row_scale ? row_scale + r0 : nullptr, last);
       }
     }
+  }
+
+  // C[m][n] = (acc ? row_scale[r] * C : 0) + A B with A(r, k) = a[r * ars + k * aks],
+  // B(k, x) = b[k * ldb + x].
+  static void gemm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
+                   int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale) {
+    const Segment seg{a, b, kk};
+    gemm_sum(m, n, &seg, 1, ars, aks, ldb, c, ldc, acc, row_scale);
   }
 
   // gemm where row i sums only over k in [i + lo, i + hi]: see blocks.h.
