@@ -237,6 +237,9 @@ TEST_P(Attention, BlockGroups) {
       make_case(4, 8, 2, 1, 9 * b.bn + 5, 64, 64, kNoMask),
       make_case(2, 8, 2, 2 * f.bm + 3, 3 * b.bn + 5, 64, 64, kCausal),
       make_case(2, 8, 2, 2 * f.bm + 3, f.bm / 2 + 1, 64, 64, kCausal),
+      // two query blocks of each of two heads, which see different key blocks, in one item: half
+      // precision converts each key block once for the item (forward_converts_per_tile)
+      make_case(2, 4, 2, f.bm + 3, 3 * b.bn + 5, 64, 64, kCausal),
   };
   for (Case& c : cases) c.threads = 2; // groups of 4 that leave each thread 4 items
   check_cases(cases);

@@ -17,8 +17,9 @@
 // A Math policy provides: T (storage type), tiles(), *_scratch_bytes() (per thread), *_shared_bytes()
 // and *_prepare() (operands packed once per call, e.g. bf16 tiles; may be empty), dot(), store_row()
 // (an f32 row rounded to T), and the classes Forward {begin, add, finish} and Backward {begin, add,
-// add_dq, finish}; optionally Backward::add_dq_sum() (several workers' add_dq in one product),
-// thread_begin() and thread_end() (KernelSet).
+// add_dq, finish}; optionally Forward::share_converted() (blocks of an item read one worker's
+// per-tile operands), Backward::add_dq_sum() (several workers' add_dq in one product), thread_begin()
+// and thread_end() (KernelSet).
 //
 // Internal linkage on purpose (see blocks.h).
 #pragma once
@@ -80,6 +81,8 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
   // increasing order, as alone.
   Workers<Forward> group = workers<Forward>(job, scratch, blocks);
   Forward* f = group.at;
+  if constexpr (requires { f[0].share_converted(f[0]); }) // operands the tile math converts per key block
+    for (int64_t g = 1; g < blocks; ++g) f[g].share_converted(f[0]);
   int64_t h[kMaxGroup], i0[kMaxGroup], jfirst[kMaxGroup], jlast[kMaxGroup];
   int64_t jmin = job.kv_blocks, jmax = -1;
   for (int64_t g = 0; g < blocks; ++g) {

@@ -176,11 +176,15 @@ struct MathF32 {
       const float *k, *v;
       int64_t ldk, ldv;
       if constexpr (kConvert) {
-        if (s_.kf) { // converted here (forward_converts_per_tile)
-          convert(row_ptr<const T>(p_.k, b, hk, j0), p_.k.ss, d, row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, dv,
-                  cols, s_.kf, s_.vf);
-          k = s_.kf;
-          v = s_.vf;
+        if (s_.kf) { // converted here (forward_converts_per_tile), once for the item's query blocks
+          Forward& owner = *kv_owner_;
+          if (owner.kv_j0_ != j0) {
+            convert(row_ptr<const T>(p_.k, b, hk, j0), p_.k.ss, d, row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, dv,
+                    cols, owner.s_.kf, owner.s_.vf);
+            owner.kv_j0_ = j0;
+          }
+          k = owner.s_.kf;
+          v = owner.s_.vf;
         } else { // converted once per call, in the prepare phase
           float* vf;
           k = converted(job_.shared, p_, t_.bn, (b * p_.heads_kv + hk) * job_.kv_blocks + j0 / t_.bn, &vf);
@@ -213,6 +217,11 @@ struct MathF32 {
         Micro::gemm(rows_, dv, cols, s_.st, 1, s_.bmp, v, ldv, s_.oacc, s_.dvp, !first, first ? nullptr : s_.alpha);
     }
 
+    // The query blocks of a work item share one kv head: K and V converted per tile (half precision,
+    // forward_converts_per_tile) are converted once per key block, into `owner`'s scratch, and read
+    // there by every block of the item.
+    void share_converted(Forward& owner) { kv_owner_ = &owner; }
+
     void finish(int64_t b, int64_t h, int64_t i0, int64_t rows) {
       T* o = row_ptr<T>(p_.o, b, h, i0);
       float* lse = p_.lse.data + b * p_.lse.sb + h * p_.lse.sh + i0;
@@ -230,6 +239,8 @@ struct MathF32 {
     Tiles t_;
     ForwardScratch s_;
     int64_t rows_ = 0, rp_ = 0;
+    Forward* kv_owner_ = this; // whose kf, vf hold the converted key block (share_converted)
+    int64_t kv_j0_ = -1;       // the first key of the block converted into this one's kf, vf
   };
 
   // Per-thread scratch of the backward, in floats:
