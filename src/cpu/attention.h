@@ -201,7 +201,7 @@ void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
   for (int64_t h = hk * p.group(); h < (hk + 1) * p.group() && imin <= imax; ++h) {
     for (int64_t ib = imin; ib <= imax; ++ib) {
       const int64_t i0 = ib * t.bm, rows = min64(p.seqlen_q, i0 + t.bm) - i0;
-      // The key blocks that see this query block: gs[0] .. gs[0] + n - 1 (consecutive: the band's).
+      // The key blocks that see this query block: gs .. gs + n - 1 (consecutive: the band's).
       int64_t gs = -1, n = 0;
       bool masked[kMaxGroup] = {};
       for (int64_t g = 0; g < blocks; ++g) {
