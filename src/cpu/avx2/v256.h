@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/exp2_poly.h"
 #include "cpu/half.h"
 
 namespace flashback::cpu {
@@ -106,13 +107,9 @@ struct V256 {
     x = _mm256_min_ps(_mm256_set1_ps(128.0f), _mm256_max_ps(_mm256_set1_ps(-127.0f), x));
     const reg n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const reg f = _mm256_sub_ps(x, n);
-    reg p = _mm256_set1_ps(1.5403530393381606e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    reg p = _mm256_set1_ps(kExp2Poly[0]);
+#pragma GCC unroll 6
+    for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
     const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
   }
