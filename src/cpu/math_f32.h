@@ -336,16 +336,15 @@ struct MathF32 {
 
     // dq [rows][D] += dS K of n workers' last add(), one query block against consecutive key blocks
     // whose tiles are unmasked, in worker order: as their add_dq() one after the other, the same bits,
-    // but dq stays in registers across the key blocks (one product over n key blocks of k).
-    static void add_dq_sum(Backward* w, int64_t n, float* dq, int64_t ld) {
-      if constexpr (requires { typename Micro::Segment; }) {
-        typename Micro::Segment seg[kMaxGroup];
-        for (int64_t g = 0; g < n; ++g) seg[g] = {w[g].s_.ds, w[g].kf_, w[g].cols_};
-        Micro::gemm_sum(w[0].rows_, w[0].p_.head_dim, seg, static_cast<int>(n), w[0].s_.bnp, 1, w[0].ldk_, dq, ld,
-                        true, nullptr);
-      } else {
-        for (int64_t g = 0; g < n; ++g) w[g].add_dq(dq, ld);
-      }
+    // but dq stays in registers across the key blocks (one product over n key blocks of k). Only over
+    // microkernels with a sum of products (MicroF32); attention.h calls add_dq() in turn otherwise.
+    static void add_dq_sum(Backward* w, int64_t n, float* dq, int64_t ld)
+      requires requires { typename Micro::Segment; }
+    {
+      typename Micro::Segment seg[kMaxGroup];
+      for (int64_t g = 0; g < n; ++g) seg[g] = {w[g].s_.ds, w[g].kf_, w[g].cols_};
+      Micro::gemm_sum(w[0].rows_, w[0].p_.head_dim, seg, static_cast<int>(n), w[0].s_.bnp, 1, w[0].ldk_, dq, ld,
+                      true, nullptr);
     }
 
     void finish(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
