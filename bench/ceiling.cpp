@@ -1,6 +1,7 @@
 #include "ceiling.h"
 
 #include <algorithm>
+#include <string>
 
 double fma_probe_avx512(int threads, long iters);
 double fma_probe_avx2(int threads, long iters);
@@ -35,10 +36,10 @@ double amx_ceiling_flops(int threads, double seconds) {
 
 double f32_microkernel_flops(int threads, double seconds, int m, int n, int k) {
 #if defined(FLASHBACK_BENCH_KERNEL)
-  // The kernel the library runs in f32 here (as fma_ceiling_isa): AVX-512, else AVX2 + FMA.
-  const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (!avx512 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
-  auto probe = avx512 ? &f32_microkernel_probe_avx512 : &f32_microkernel_probe_avx2;
+  // The kernel the library runs in f32 here, of the ISA the FMA ceiling is measured with.
+  const std::string isa = fma_ceiling_isa();
+  if (isa == "none") return 0;
+  auto probe = isa == "avx512" ? &f32_microkernel_probe_avx512 : &f32_microkernel_probe_avx2;
   // Medians, not best of three: the kernel is compared with attention's medians.
   const long calib = 1000;
   const double rate = probe(threads, calib, m, n, k);
@@ -57,10 +58,9 @@ const char* fma_ceiling_isa() {
 }
 
 double fma_ceiling_flops(int threads, double seconds) {
-  const bool avx512 = __builtin_cpu_supports("avx512f");
-  auto probe = avx512 ? &fma_probe_avx512
-               : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &fma_probe_avx2
-                                                                                 : nullptr;
-  if (!probe) return 0;
-  return best_of_three(probe, threads, seconds, 2.0 * (avx512 ? 16 : 8) * 12 * threads);
+  const std::string isa = fma_ceiling_isa();
+  if (isa == "none") return 0;
+  const bool avx512 = isa == "avx512";
+  return best_of_three(avx512 ? &fma_probe_avx512 : &fma_probe_avx2, threads, seconds,
+                       2.0 * (avx512 ? 16 : 8) * 12 * threads);
 }
