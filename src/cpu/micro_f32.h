@@ -228,10 +228,10 @@ struct MicroF32 {
       const R sub = V::set1(lse2[r]);
       float* row = s + r * ld;
       for (int64_t c0 = 0; c0 < cols; c0 += L) {
-        const K in = V::first_lanes(static_cast<int>(min64(L, cols - c0)));
-        R p = V::exp2(V::fms(V::load_masked(row + c0, in), vmul, sub));
+        const int n = static_cast<int>(min64(L, cols - c0));
+        R p = V::exp2(V::fms(V::load(row + c0, n), vmul, sub));
         if (mask) p = V::select(V::in_band(static_cast<int32_t>(c0 - r), 1, mask->lo, mask->hi), p, V::zero());
-        V::store_masked(row + c0, in, p);
+        V::store(row + c0, p, n);
       }
     }
   }
@@ -243,11 +243,11 @@ struct MicroF32 {
     for (int64_t r = 0; r < rows; ++r) {
       const R dl = V::set1(delta[r]);
       for (int64_t c0 = 0; c0 < cols; c0 += L) {
-        const K in = V::first_lanes(static_cast<int>(min64(L, cols - c0)));
-        const R x = V::load_masked(dp + r * ld + c0, in), pr = V::load_masked(p + r * ld + c0, in);
+        const int n = static_cast<int>(min64(L, cols - c0));
+        const R x = V::load(dp + r * ld + c0, n), pr = V::load(p + r * ld + c0, n);
         R ds = V::mul(V::mul(pr, V::sub(x, dl)), vs);
         if (mask) ds = V::select(V::in_band(static_cast<int32_t>(c0 - r), 1, mask->lo, mask->hi), ds, V::zero());
-        V::store_masked(dp + r * ld + c0, in, ds);
+        V::store(dp + r * ld + c0, ds, n);
       }
     }
   }
