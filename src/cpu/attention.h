@@ -11,7 +11,8 @@
 // and every visible query block; a work item takes a few key blocks (BackwardJob::k_group) and gives
 // each query block to all of them in turn. dQ receives each key block's contribution in increasing
 // key-block order (dq_next), so the sums are the same bits for any thread count and schedule. Items
-// are claimed in increasing order; the lowest item in progress never waits (the key blocks before
+// are claimed in increasing order and an item waits only for items of its kv head with lower key
+// blocks, which have lower numbers; the lowest item in progress never waits (the key blocks before
 // its own are done, or its own and already added), so this cannot deadlock.
 //
 // A Math policy provides: T (storage type), tiles(), *_scratch_bytes() (per thread), *_shared_bytes()
@@ -176,8 +177,13 @@ void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
   using Backward = typename Math::Backward;
   const core::Problem& p = *job.p;
   const Tiles t = job.tiles;
-  const int64_t groups = (job.kv_blocks + job.k_group - 1) / job.k_group;
-  const int64_t bhk = item / groups, first_jb = item % groups * job.k_group;
+  // Item = (group of key blocks, kv head), the kv heads of a group in a row: the items of one kv head,
+  // which wait for each other's dQ turns, are B Hk apart, so the threads run different heads at once
+  // rather than the next item of a head, which would wait for the one before it to reach its query
+  // blocks each time it starts (up to a tenth of a causal backward, whose items get shorter). The
+  // first groups (under a causal mask the longest) still come first.
+  const int64_t heads = p.batch * p.heads_kv;
+  const int64_t bhk = item % heads, first_jb = item / heads * job.k_group;
   const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
   const int64_t blocks = min64(job.k_group, job.kv_blocks - first_jb);
 
