@@ -130,6 +130,45 @@ TEST_F(Api, RowAlignmentGivesTheSameBits) {
   }
 }
 
+// Rows that lie apart (BSHD, padded rows, slices, packed QKV) are copied into f32 blocks before the
+// products (cpu/math_f32.h: copies_kv, copies_qdo), or read in place where the forward has few query
+// blocks: either way the same bits as BHSD, whose rows are read in place. Shapes with many query
+// blocks (the forward copies K and V) and with few (it reads them in place), masked and unmasked.
+TEST_F(Api, LayoutsGiveTheSameBits) {
+  const flashback::cpu::Tiles f = fbtest::tiles_for(64, 64, false), b = fbtest::tiles_for(64, 64, true);
+  std::vector<Case> cases(3);
+  cases[0].shape = {2, 4, 2, 2 * b.bm + 5, 3 * f.bn + 7, 64, 64};
+  cases[1].shape = {1, 4, 4, 2 * f.bm + 1, 2 * b.bn + 3, 48, 80};
+  cases[1].opt.causal = true;
+  cases[2].shape = {1, 4, 4, 3, 2 * f.bn + 1, 64, 64}; // decoding-like: few query blocks
+  for (Case c : cases) {
+    SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
+    const fbtest::Inputs in = inputs_for(c);
+    const Outputs contiguous = run(c, in);
+    std::vector<Case> others;
+    for (fbtest::Layout l : {fbtest::Layout::bshd, fbtest::Layout::padded, fbtest::Layout::slice}) {
+      Case moved = c;
+      moved.layout(l);
+      others.push_back(moved);
+    }
+    if (c.shape.seqlen_q == c.shape.seqlen_k && c.shape.head_dim == c.shape.head_dim_v &&
+        c.shape.heads_q == c.shape.heads_kv) {
+      Case packed = c;
+      packed.packed = true;
+      others.push_back(packed);
+    }
+    for (const Case& moved : others) {
+      SCOPED_TRACE(moved.describe());
+      std::mt19937_64 rng(0);
+      fbtest::Inputs in_moved = fbtest::make_inputs(moved, rng);
+      for (auto [from, to] : {std::pair{&in.q, &in_moved.q}, {&in.k, &in_moved.k}, {&in.v, &in_moved.v},
+                              {&in.dout, &in_moved.dout}})
+        to->write(from->read());
+      expect_same_bits(contiguous, run(moved, in_moved));
+    }
+  }
+}
+
 TEST_F(Api, ThreadCountsGiveTheSameBits) {
   for (Case c : {long_sequence(true), long_sequence(false), many_heads(), grouped_blocks()}) {
     SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());

@@ -1,10 +1,11 @@
 // Tile math in f32 over an ISA's microkernels (`Micro`: gemm, pack_t, load_rows, softmax_t, probs,
 // dscores, dot; see scalar/kernels.cpp). Storage T is float, bf16 or f16. f32 operands are read in
-// place; half-precision K, V (forward) and Q, dO (backward) are converted to f32 once per call, in the
-// prepare phase, into the shared workspace (B Hk Sk (D + Dv) or B Hq Sq (D + Dv) floats, rows padded),
-// since every block of them is used by many tiles; where the forward's key blocks are used by few
-// (decoding: forward_converts_per_tile), per tile instead. Every output is rounded once from its f32
-// total.
+// place when the rows of a head are consecutive; half-precision K, V (forward) and Q, dO (backward),
+// and f32 ones whose rows lie apart (copies_kv, copies_qdo), are converted to f32 once per call, in
+// the prepare phase, into the shared workspace (B Hk Sk (D + Dv) or B Hq Sq (D + Dv) floats, rows
+// padded), since every block of them is used by many tiles; where the forward's key blocks are used by
+// few (decoding: few_query_blocks), half precision is converted per tile instead and f32 is read in
+// place. Every output is rounded once from its f32 total.
 //
 // Forward: the scores are computed transposed, S^T = K Q^T [BN keys][BM rows], so Q is packed once per
 // query block and K, V are read in place; the softmax then runs across rows in SIMD lanes. A block of
@@ -22,18 +23,20 @@
 namespace flashback::cpu {
 namespace {
 
-// `rows` rows of `cols` elements as f32: f32 data in place, half precision converted into `scratch`.
+// `rows` rows of `cols` elements as f32: f32 data in place when there is no `scratch`, else (half
+// precision, or f32 copied) converted into `scratch`.
 template <class Micro, class T>
 const float* as_f32(const T* src, int64_t ld, int64_t rows, int64_t cols, float* scratch, int64_t scratch_ld,
                     int64_t* ld_out) {
   if constexpr (kIsF32<T>) {
-    *ld_out = ld;
-    return src;
-  } else {
-    Micro::load_rows(src, ld, rows, cols, scratch, scratch_ld);
-    *ld_out = scratch_ld;
-    return scratch;
+    if (!scratch) {
+      *ld_out = ld;
+      return src;
+    }
   }
+  Micro::load_rows(src, ld, rows, cols, scratch, scratch_ld);
+  *ld_out = scratch_ld;
+  return scratch;
 }
 
 template <class Micro, class Storage>
@@ -62,22 +65,39 @@ struct MathF32 {
     Micro::load_rows(b, ldb, rows, db, fb, round_up(db, kLanes));
   }
 
-  // Half precision, forward: K and V are converted once per call (the prepare phase) when each key
-  // block serves many query blocks, and per tile, into the query block's scratch, when the query
-  // side of a kv head is at most kMaxGroup blocks (decoding, short chunks): then a key block serves
-  // one work item or few, and converting it where it is used reads half the bytes that writing and
-  // reading an f32 copy moves. Both give the same f32 values.
-  static bool forward_converts_per_tile(const core::Problem& p, Tiles t) {
-    return kConvert && p.group() * (round_up(p.seqlen_q, t.bm) / t.bm) <= kMaxGroup;
+  // f32 rows that lie apart (row stride != row length: BSHD with more than one head, packed QKV,
+  // slices) are copied into f32 blocks as half precision is converted: read in place, the rows of a
+  // block sit a stride apart that is often a multiple of 4 KiB (BSHD, Hq = 16, D = 128: 8 KiB), so that
+  // they share a few cache sets, and attention ran 0.8x as fast as on BHSD (BENCHMARKS.md). A copy has
+  // the same values: the same bits.
+  static bool rows_apart(const core::Strided4& t, int64_t len) { return t.ss != len; }
+  static bool copies_kv(const core::Problem& p) {
+    return kConvert || rows_apart(p.k, p.head_dim) || rows_apart(p.v, p.head_dim_v);
+  }
+  static bool copies_qdo(const core::Problem& p) {
+    return kConvert || rows_apart(p.q, p.head_dim) || rows_apart(p.dout, p.head_dim_v);
+  }
+
+  // Forward: K and V are converted once per call (the prepare phase) when each key block serves many
+  // query blocks. When the query side of a kv head is at most kMaxGroup blocks (decoding, short
+  // chunks), a key block serves one work item or few: half precision is converted per tile, into the
+  // query block's scratch, which reads half the bytes that writing and reading an f32 copy moves, and
+  // f32 is read in place. All give the same f32 values.
+  static bool few_query_blocks(const core::Problem& p, Tiles t) {
+    return p.group() * (round_up(p.seqlen_q, t.bm) / t.bm) <= kMaxGroup;
+  }
+  static bool forward_converts_per_tile(const core::Problem& p, Tiles t) { return kConvert && few_query_blocks(p, t); }
+  static bool forward_copies_once(const core::Problem& p, Tiles t) {
+    return copies_kv(p) && !few_query_blocks(p, t);
   }
 
   static size_t forward_shared_bytes(const core::Problem& p, Tiles t) {
-    if (!kConvert || forward_converts_per_tile(p, t)) return 0;
+    if (!forward_copies_once(p, t)) return 0;
     return static_cast<size_t>(p.batch * p.heads_kv * round_up(p.seqlen_k, t.bn) / t.bn * block_floats(p, t.bn)) *
            sizeof(float);
   }
   static int64_t forward_prepare_items(const ForwardJob& job) {
-    if (!kConvert || forward_converts_per_tile(*job.p, job.tiles)) return 0;
+    if (!forward_copies_once(*job.p, job.tiles)) return 0;
     return job.p->batch * job.p->heads_kv * job.kv_blocks;
   }
   // Key block `item` = (b, hk, jb) of K and V in f32.
@@ -91,12 +111,12 @@ struct MathF32 {
   }
 
   static size_t backward_shared_bytes(const core::Problem& p, Tiles t) {
-    if (!kConvert) return 0;
+    if (!copies_qdo(p)) return 0;
     return static_cast<size_t>(p.batch * p.heads_q * round_up(p.seqlen_q, t.bm) / t.bm * block_floats(p, t.bm)) *
            sizeof(float);
   }
   static int64_t backward_prepare_items(const BackwardJob& job) {
-    return kConvert ? job.p->batch * job.p->heads_q * job.q_blocks : 0;
+    return copies_qdo(*job.p) ? job.p->batch * job.p->heads_q * job.q_blocks : 0;
   }
   // Query block `item` = (b, h, ib) of Q and dO in f32.
   static void backward_prepare(const BackwardJob& job, int64_t item) {
@@ -157,7 +177,8 @@ struct MathF32 {
 
   class Forward {
    public:
-    Forward(const ForwardJob& job, char* scratch) : job_(job), p_(*job.p), t_(job.tiles), s_(p_, t_, scratch) {}
+    Forward(const ForwardJob& job, char* scratch)
+        : job_(job), p_(*job.p), t_(job.tiles), s_(p_, t_, scratch), copied_(forward_copies_once(p_, t_)) {}
 
     // A query block: qt [D][BMp] = (Q rows)^T; rows from `rows` up to rp_ (rows rounded up to a vector
     // of kLanes) are zero, and nothing works beyond rp_ (a short block, e.g. Sq = 1 in decoding, takes
@@ -173,26 +194,22 @@ struct MathF32 {
     // A key block: S^T, an online-softmax step, O = alpha O + P V.
     void add(int64_t b, int64_t hk, int64_t j0, int64_t cols, const Mask* mask, bool first) {
       const int64_t d = p_.head_dim, dv = p_.head_dim_v;
-      const float *k, *v;
-      int64_t ldk, ldv;
-      if constexpr (kConvert) {
-        if (s_.kf) { // converted here (forward_converts_per_tile), once for the item's query blocks
-          Forward& owner = *kv_owner_;
-          if (owner.kv_j0_ != j0) {
-            convert(row_ptr<const T>(p_.k, b, hk, j0), p_.k.ss, d, row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, dv,
-                    cols, owner.s_.kf, owner.s_.vf);
-            owner.kv_j0_ = j0;
-          }
-          k = owner.s_.kf;
-          v = owner.s_.vf;
-        } else { // converted once per call, in the prepare phase
-          float* vf;
-          k = converted(job_.shared, p_, t_.bn, (b * p_.heads_kv + hk) * job_.kv_blocks + j0 / t_.bn, &vf);
-          v = vf;
+      const float *k = nullptr, *v = nullptr;
+      int64_t ldk = s_.dp, ldv = s_.dvp;
+      if (copied_) { // converted once per call, in the prepare phase
+        float* vf;
+        k = converted(job_.shared, p_, t_.bn, (b * p_.heads_kv + hk) * job_.kv_blocks + j0 / t_.bn, &vf);
+        v = vf;
+      } else if constexpr (kConvert) { // converted here (forward_converts_per_tile), once for the item's blocks
+        Forward& owner = *kv_owner_;
+        if (owner.kv_j0_ != j0) {
+          convert(row_ptr<const T>(p_.k, b, hk, j0), p_.k.ss, d, row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, dv,
+                  cols, owner.s_.kf, owner.s_.vf);
+          owner.kv_j0_ = j0;
         }
-        ldk = s_.dp;
-        ldv = s_.dvp;
-      } else {
+        k = owner.s_.kf;
+        v = owner.s_.vf;
+      } else { // f32 in place
         k = row_ptr<const T>(p_.k, b, hk, j0);
         v = row_ptr<const T>(p_.v, b, hk, j0);
         ldk = p_.k.ss;
@@ -238,6 +255,7 @@ struct MathF32 {
     const core::Problem& p_;
     Tiles t_;
     ForwardScratch s_;
+    bool copied_; // K and V were converted once per call (forward_copies_once)
     int64_t rows_ = 0, rp_ = 0;
     Forward* kv_owner_ = this; // whose kf, vf hold the converted key block (share_converted)
     int64_t kv_j0_ = -1;       // the first key of the block converted into this one's kf, vf
@@ -248,7 +266,7 @@ struct MathF32 {
   //   s  [BM][BNp]                S, then P
   //   ds [BM][BNp]                dP, then dS (scale folded in)
   //   dk [BN][Dp], dv [BN][Dvp]   the key block's gradient accumulators
-  //   kf [BN][Dp]                 K in f32 for dQ (half precision only)
+  //   kf [BN][Dp]                 K in f32 for dQ (half precision, and f32 K whose rows lie apart)
   struct BackwardScratch {
     int64_t bnp, dp, dvp;
     float *kt, *vt, *s, *ds, *dk, *dv, *kf;
@@ -264,7 +282,7 @@ struct MathF32 {
       ds = c.floats(t.bm * bnp);
       dk = c.floats(t.bn * dp);
       dv = c.floats(t.bn * dvp);
-      kf = kConvert ? c.floats(t.bn * dp) : nullptr;
+      kf = kConvert || rows_apart(p.k, p.head_dim) ? c.floats(t.bn * dp) : nullptr;
       if (bytes) *bytes = c.used;
     }
   };
@@ -273,7 +291,8 @@ struct MathF32 {
 
   class Backward {
    public:
-    Backward(const BackwardJob& job, char* scratch) : job_(job), p_(*job.p), t_(job.tiles), s_(p_, t_, scratch) {}
+    Backward(const BackwardJob& job, char* scratch)
+        : job_(job), p_(*job.p), t_(job.tiles), s_(p_, t_, scratch), copied_(copies_qdo(p_)) {}
 
     // A key block: K^T, V^T (and K in f32 for dQ) packed; the accumulators zeroed.
     void begin(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
@@ -301,15 +320,13 @@ struct MathF32 {
     void add(int64_t b, int64_t h, int64_t i0, int64_t rows, const Mask* mask) {
       const int64_t d = p_.head_dim, dv = p_.head_dim_v, cols = cols_;
       const int64_t row0 = (b * p_.heads_q + h) * p_.seqlen_q + i0;
-      const float *q, *dout;
-      int64_t ldq, lddo;
-      if constexpr (kConvert) {
+      const float *q = nullptr, *dout = nullptr;
+      int64_t ldq = s_.dp, lddo = s_.dvp;
+      if (copied_) { // converted once per call, in the prepare phase
         float* dof;
         q = converted(job_.shared, p_, t_.bm, (b * p_.heads_q + h) * job_.q_blocks + i0 / t_.bm, &dof);
         dout = dof;
-        ldq = s_.dp;
-        lddo = s_.dvp;
-      } else {
+      } else if constexpr (!kConvert) { // f32 in place
         q = row_ptr<const T>(p_.q, b, h, i0);
         dout = row_ptr<const T>(p_.dout, b, h, i0);
         ldq = p_.q.ss;
@@ -359,6 +376,7 @@ struct MathF32 {
     const core::Problem& p_;
     Tiles t_;
     BackwardScratch s_;
+    bool copied_; // Q and dO were converted once per call (copies_qdo)
     bool need_ds_ = false;
     int64_t cols_ = 0, rows_ = 0, ldk_ = 0;
     const float* kf_ = nullptr;
