@@ -169,6 +169,36 @@ TEST_F(Api, LayoutsGiveTheSameBits) {
   }
 }
 
+// Decoding with grouped heads is swapped into one block of the group's heads per kv head
+// (cpu/backend.cpp: swap_decoding_heads) only when the lse rows of a group are adjacent: lse and delta
+// in the padded layout keep the heads apart. Both give the same bits, at 1 and 2 threads.
+TEST_F(Api, DecodingHeadsSwappedGiveTheSameBits) {
+  const flashback::cpu::Tiles f = fbtest::tiles_for(64, 64, false);
+  std::vector<Case> cases(4);
+  cases[0].shape = {2, 8, 2, 1, 3 * f.bn + 5, 64, 64};
+  cases[1].shape = {1, 16, 1, 1, 2 * f.bn + 1, 48, 80};
+  cases[1].opt.causal = true;
+  cases[2].shape = {1, 40, 2, 1, f.bn + 7, 32, 32}; // G = 20: a block of the main path
+  cases[3].shape = {2, 4, 1, 1, 3 * f.bn, 64, 64};
+  cases[3].opt.window_right = 5; // leaves every key: swapped
+  for (Case c : cases) {
+    for (int threads : {1, 2}) {
+      c.threads = threads;
+      SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
+      const fbtest::Inputs in = inputs_for(c);
+      const Outputs swapped = run(c, in);
+      Case apart = c;
+      apart.rows = fbtest::Layout::padded;
+      std::mt19937_64 rng(0);
+      fbtest::Inputs in_apart = fbtest::make_inputs(apart, rng);
+      for (auto [from, to] : {std::pair{&in.q, &in_apart.q}, {&in.k, &in_apart.k}, {&in.v, &in_apart.v},
+                              {&in.dout, &in_apart.dout}})
+        to->write(from->read());
+      expect_same_bits(swapped, run(apart, in_apart));
+    }
+  }
+}
+
 TEST_F(Api, ThreadCountsGiveTheSameBits) {
   for (Case c : {long_sequence(true), long_sequence(false), many_heads(), grouped_blocks()}) {
     SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());

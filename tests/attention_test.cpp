@@ -232,9 +232,10 @@ TEST_P(Attention, BlockGroups) {
       make_case(2, 4, 2, 9 * f.bm + 3, 9 * b.bn + 5, 64, 64, kNoMask),
       make_case(2, 4, 2, 9 * f.bm + 3, 3 * b.bn + 5, 64, 64, kCausal),
       make_case(2, 4, 2, 2 * f.bm + 3, 9 * b.bn + 5, 64, 64, window(b.bn + 7, 3)),
-      // forward groups across the query heads of a kv head: one block per head (decoding), three
-      // blocks per head (groups that straddle two heads), and blocks whose rows see no key
-      make_case(4, 8, 2, 1, 9 * b.bn + 5, 64, 64, kNoMask),
+      // forward groups across the query heads of a kv head: one block per head (decoding; a window
+      // that cuts the keys keeps the heads apart, see Decoding), three blocks per head (groups that
+      // straddle two heads), and blocks whose rows see no key
+      make_case(4, 8, 2, 1, 9 * b.bn + 5, 64, 64, window(6 * b.bn, 0)),
       make_case(2, 8, 2, 2 * f.bm + 3, 3 * b.bn + 5, 64, 64, kCausal),
       make_case(2, 8, 2, 2 * f.bm + 3, f.bm / 2 + 1, 64, 64, kCausal),
       // two query blocks of each of two heads, which see different key blocks, in one item: half
@@ -242,6 +243,35 @@ TEST_P(Attention, BlockGroups) {
       make_case(2, 4, 2, f.bm + 3, 3 * b.bn + 5, 64, 64, kCausal),
   };
   for (Case& c : cases) c.threads = 2; // groups of 4 that leave each thread 4 items
+  check_cases(cases);
+}
+
+// --- Decoding -----------------------------------------------------------------------------------------
+
+// Sq = 1 with grouped heads: the forward swaps the G query heads of a kv head into the rows of one
+// block (cpu/backend.cpp: swap_decoding_heads), a block of few rows (G <= 8) or of the main path
+// (G = 16, 40); not where a window cuts the row's keys, G < 4 with fewer kv heads than threads, or the
+// lse rows are not adjacent (rows = padded). Odd head dims, Dv != D, strided q and o.
+TEST_P(Attention, Decoding) {
+  const flashback::cpu::Tiles f = tiles(64, 64, false);
+  const int64_t sk = 5 * f.bn + 3;
+  std::vector<Case> cases = {
+      make_case(1, 8, 1, 1, sk, 64, 64, kNoMask),
+      make_case(2, 16, 1, 1, sk, 80, 48, kCausal),
+      make_case(1, 40, 1, 1, f.bn + 1, 32, 32, kNoMask),
+      make_case(1, 2, 1, 1, sk, 64, 64, kNoMask),
+      make_case(3, 6, 2, 1, sk, 7, 9, kCausal),
+      make_case(2, 8, 2, 1, sk, 64, 64, window(2 * f.bn, 0)),
+      make_case(2, 8, 2, 1, sk, 64, 64, window(sk, 3)),
+      make_case(2, 4, 1, 1, 1, 16, 16, kCausal),
+  };
+  for (Layout l : {Layout::bshd, Layout::slice, Layout::padded}) {
+    Case c = make_case(2, 8, 2, 1, sk, 64, 64, kCausal);
+    c.layout(l);
+    if (l == Layout::padded) c.rows = l;
+    cases.push_back(c);
+  }
+  for (Case& c : cases) c.threads = 2;
   check_cases(cases);
 }
 

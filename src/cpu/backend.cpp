@@ -159,9 +159,40 @@ int default_threads() {
 
 int resolve_threads(const core::Problem& p) { return p.num_threads > 0 ? p.num_threads : default_threads(); }
 
-size_t forward_workspace_bytes(const core::Problem& p) { return forward_layout(p, active_kernels(p)).total(); }
+// Decoding with grouped heads (Sq = 1, Hq > Hk): the query heads of a kv head, one row each, become
+// the rows of one query block (Sq' = Hq/Hk rows a head's stride apart, Hq' = Hk), as FlashAttention's
+// forward swaps them (seqlenq_ngroups_swapped): each key block then enters one product of G rows rather
+// than G products of one row, and is packed once rather than G times. Only where the row sees every
+// key (no window cuts it), so that each row meets the same key blocks, unmasked, with the same FMA
+// chains: the same bits as unswapped. Not when it would leave a thread idle for little gain (G < 4
+// with fewer kv heads than threads), nor when the lse rows of a kv head's query heads are not adjacent
+// (Rows3 has no row stride).
+core::Problem swap_decoding_heads(const core::Problem& p) {
+  const int64_t g = p.group();
+  if (p.seqlen_q != 1 || g == 1 || p.seqlen_k == 0 || p.lse.sh != 1) return p;
+  if (p.band.dlo > 0 || p.band.dhi < p.seqlen_k - 1) return p; // a window cuts the row's keys
+  if (g < 4 && p.batch * p.heads_kv < resolve_threads(p)) return p;
+  core::Problem s = p;
+  s.heads_q = p.heads_kv;
+  s.seqlen_q = g;
+  s.q.sh = g * p.q.sh;
+  s.q.ss = p.q.sh;
+  s.o.sh = g * p.o.sh;
+  s.o.ss = p.o.sh;
+  s.lse.sh = g * p.lse.sh;
+  s.window_left = s.window_right = -1;
+  s.band.dlo = -s.seqlen_q; // unbounded on both sides, as core::make_band clamps them
+  s.band.dhi = s.seqlen_k;
+  return s;
+}
 
-void forward(const core::Problem& p, void* workspace) {
+size_t forward_workspace_bytes(const core::Problem& p) {
+  const core::Problem s = swap_decoding_heads(p);
+  return forward_layout(s, active_kernels(s)).total();
+}
+
+void forward(const core::Problem& problem, void* workspace) {
+  const core::Problem p = swap_decoding_heads(problem);
   const KernelSet& ks = active_kernels(p);
   const ForwardLayout l = forward_layout(p, ks);
   ForwardJob job;
