@@ -58,6 +58,17 @@ Case many_heads() {
   return c;
 }
 
+// A decoding step with grouped heads, which the forward swaps into one block per kv head
+// (cpu/backend.cpp: swap_decoding_heads) and sizes its workspace for; rows lie apart (BSHD), so the
+// backward copies Q and dO.
+Case decoding_bshd() {
+  Case c;
+  const flashback::cpu::Tiles f = fbtest::tiles_for(64, 64, false);
+  c.shape = {2, 8, 2, 1, 3 * f.bn + 5, 64, 64};
+  c.layout(fbtest::Layout::bshd);
+  return c;
+}
+
 // Sq = 0 next to Sk = 0: the workspace of a problem with nothing to do.
 Case empty_sequences(int64_t sq, int64_t sk) {
   Case c;
@@ -78,7 +89,8 @@ fbtest::Inputs inputs_for(const Case& c) {
 }
 
 TEST_F(Api, CallerWorkspaceGivesTheSameBits) {
-  for (const Case& c : {long_sequence(true), many_heads(), empty_sequences(0, 9), empty_sequences(9, 0)}) {
+  for (const Case& c :
+       {long_sequence(true), many_heads(), decoding_bshd(), empty_sequences(0, 9), empty_sequences(9, 0)}) {
     SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
     const fbtest::Inputs in = inputs_for(c);
     const Outputs library = run(c, in);
