@@ -200,8 +200,7 @@ void check_cases(std::vector<Case> cases) {
 // 1, t-1, t, t+1, two blocks, several blocks plus a remainder.
 std::vector<int64_t> lengths_around(int64_t t) { return {1, std::max<int64_t>(t - 1, 1), t, t + 1, 2 * t, 3 * t + 5}; }
 
-std::vector<Case> sequence_length_cases(flashback::cpu::Tiles t) {
-  const int64_t d = 64;
+std::vector<Case> sequence_length_cases(flashback::cpu::Tiles t, int64_t d = 64) {
   const std::vector<int64_t> m = lengths_around(t.bm), n = lengths_around(t.bn);
   std::vector<std::pair<int64_t, int64_t>> lens;
   for (size_t i = 0; i < m.size(); ++i) lens.emplace_back(m[i], n[i]); // Sq ~ Sk
@@ -215,7 +214,17 @@ std::vector<Case> sequence_length_cases(flashback::cpu::Tiles t) {
   return cases;
 }
 
-TEST_P(Attention, SequenceLengthsAroundForwardTiles) { check_cases(sequence_length_cases(tiles(64, 64, false))); }
+// Levels whose forward takes wider tiles at larger head dims (tiles.h: avx2 at D >= 128) sweep
+// around those too.
+TEST_P(Attention, SequenceLengthsAroundForwardTiles) {
+  const flashback::cpu::Tiles t = tiles(64, 64, false), wide = tiles(128, 128, false);
+  std::vector<Case> cases = sequence_length_cases(t);
+  if (wide.bm != t.bm || wide.bn != t.bn) {
+    const std::vector<Case> more = sequence_length_cases(wide, 128);
+    cases.insert(cases.end(), more.begin(), more.end());
+  }
+  check_cases(cases);
+}
 
 TEST_P(Attention, SequenceLengthsAroundBackwardTiles) { check_cases(sequence_length_cases(tiles(64, 64, true))); }
 

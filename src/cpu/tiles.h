@@ -10,7 +10,6 @@
 namespace flashback::cpu {
 
 constexpr Tiles choose_tiles(Isa isa, int64_t head_dim, int64_t head_dim_v, bool backward) {
-  (void)head_dim;
   (void)head_dim_v;
   if (isa == Isa::scalar) return {32, 32};
   // AVX2 and AVX-512 (measured on Zen 4, D = 64 and 128, one thread, min of 5; see BENCHMARKS.md):
@@ -18,6 +17,11 @@ constexpr Tiles choose_tiles(Isa isa, int64_t head_dim, int64_t head_dim_v, bool
   //   BM = 96 or 128 drops to 60-70% of peak.
   // backward 128 x 64: the dK/dV/dQ GEMMs run over k = 128 query rows, halving their C-tile
   //   traffic; 64 x 64 measured 76-79%, 128 x 64 81-88%, 192 x 64 80-91% (more scratch, no gain).
+  // AVX2 forward at D >= 128 (measured on Zen 3, side by side; BENCHMARKS.md): 64 x 128, the P V
+  //   product's output tile loaded, rescaled and stored once per 128 keys rather than 64, and the
+  //   online softmax's per-block steps halved: 0.94-0.98x the time at D = 128 (causal 0.96-0.99);
+  //   no clear change at D = 256 (0.97, 1.01), D = 96 (0.99, 1.01) or D = 64 (0.99, 1.01).
+  if (isa == Isa::avx2 && !backward && head_dim >= 128) return Tiles{64, 128};
   return backward ? Tiles{128, 64} : Tiles{64, 64};
 }
 
