@@ -130,11 +130,7 @@ TEST_F(Api, RowAlignmentGivesTheSameBits) {
         Case moved = c;
         moved.shift = shift;
         SCOPED_TRACE("shift=" + std::to_string(shift));
-        std::mt19937_64 rng(0);
-        fbtest::Inputs in_moved = fbtest::make_inputs(moved, rng);
-        for (auto [from, to] : {std::pair{&in.q, &in_moved.q}, {&in.k, &in_moved.k}, {&in.v, &in_moved.v},
-                                {&in.dout, &in_moved.dout}})
-          to->write(from->read());
+        const fbtest::Inputs in_moved = fbtest::copy_of(moved, in);
         ASSERT_NE(reinterpret_cast<uintptr_t>(in_moved.q.raw().data) % 64, 0u);
         expect_same_bits(aligned, run(moved, in_moved));
       }
@@ -171,12 +167,7 @@ TEST_F(Api, LayoutsGiveTheSameBits) {
     }
     for (const Case& moved : others) {
       SCOPED_TRACE(moved.describe());
-      std::mt19937_64 rng(0);
-      fbtest::Inputs in_moved = fbtest::make_inputs(moved, rng);
-      for (auto [from, to] : {std::pair{&in.q, &in_moved.q}, {&in.k, &in_moved.k}, {&in.v, &in_moved.v},
-                              {&in.dout, &in_moved.dout}})
-        to->write(from->read());
-      expect_same_bits(contiguous, run(moved, in_moved));
+      expect_same_bits(contiguous, run(moved, fbtest::copy_of(moved, in)));
     }
   }
 }
@@ -201,12 +192,7 @@ TEST_F(Api, DecodingHeadsSwappedGiveTheSameBits) {
       const Outputs swapped = run(c, in);
       Case apart = c;
       apart.rows = fbtest::Layout::padded;
-      std::mt19937_64 rng(0);
-      fbtest::Inputs in_apart = fbtest::make_inputs(apart, rng);
-      for (auto [from, to] : {std::pair{&in.q, &in_apart.q}, {&in.k, &in_apart.k}, {&in.v, &in_apart.v},
-                              {&in.dout, &in_apart.dout}})
-        to->write(from->read());
-      expect_same_bits(swapped, run(apart, in_apart));
+      expect_same_bits(swapped, run(apart, fbtest::copy_of(apart, in)));
     }
   }
 }

@@ -427,16 +427,6 @@ void apply(Inputs& in, const Poison& p) {
   t.write(d);
 }
 
-// Inputs that own their buffers: a copy of `in` that can be poisoned without touching `in`.
-Inputs copy_of(const Case& c, const Inputs& in) {
-  std::mt19937_64 unused(0);
-  Inputs out = fbtest::make_inputs(c, unused);
-  for (auto [to, from] : {std::pair{&out.q, &in.q}, std::pair{&out.k, &in.k}, std::pair{&out.v, &in.v},
-                          std::pair{&out.dout, &in.dout}})
-    to->write(from->read());
-  return out;
-}
-
 // Which output rows may change when `p` is poisoned: exactly what depends on it mathematically.
 // Query rows [B, Hq, Sq] (o, lse, delta, dq) and key rows [B, Hk, Sk] (dk, dv):
 //   q[b, h, i]:    o, lse, delta, dq of row i; dk, dv of the keys row i sees.
@@ -539,7 +529,7 @@ TEST_F(Reliability, NonFiniteInputsAffectOnlyWhatDependsOnThem) {
     for (double value : {std::nan(""), kInf, -kInf}) {
       for (const Poison& p : poisons(c, value)) {
         SCOPED_TRACE(c.describe() + " with " + p.describe() + "; " + fbtest::seed_note());
-        Inputs in = copy_of(c, clean_in);
+        Inputs in = fbtest::copy_of(c, clean_in);
         apply(in, p);
         const Outputs out = run(c, in);
         const Reach reach = reach_of(c, p);

@@ -189,6 +189,9 @@ struct Outputs {
 
 // Random normal inputs in the case's layouts.
 Inputs make_inputs(const Case& c, std::mt19937_64& rng);
+// The values of `in` in the layouts of case `c` (the same shape), in buffers of their own: the same
+// problem in another layout or alignment, or a copy that can be poisoned without touching `in`.
+Inputs copy_of(const Case& c, const Inputs& in);
 // The outputs in the case's layouts, every buffer poisoned.
 Outputs make_outputs(const Case& c);
 
