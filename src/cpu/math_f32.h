@@ -186,7 +186,7 @@ struct MathF32 {
     void begin(int64_t b, int64_t h, int64_t i0, int64_t rows) {
       rows_ = rows;
       rp_ = round_up(rows, kLanes);
-      Micro::pack_t(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, 1.0f, s_.qt, s_.bmp, rp_);
+      Micro::pack_t(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, s_.qt, s_.bmp, rp_);
       fill(s_.m, rp_, -kInf);
       fill(s_.l, rp_, 0.0f);
     }
@@ -219,9 +219,9 @@ struct MathF32 {
       // few rows takes S = Q K^T (Q(r, x) = qt[x][r]) and transposes it: each score is the same FMA
       // chain over D either way, so the same bits.
       if (s_.kt && rows_ <= kFewRows) {
-        Micro::pack_t(k, ldk, cols, d, 1.0f, s_.kt, s_.bnp, round_up(cols, kLanes));
+        Micro::pack_t(k, ldk, cols, d, s_.kt, s_.bnp, round_up(cols, kLanes));
         Micro::gemm(rows_, cols, d, s_.qt, 1, s_.bmp, s_.kt, s_.bnp, s_.s, s_.bnp, false, nullptr);
-        Micro::pack_t(s_.s, s_.bnp, rows_, cols, 1.0f, s_.st, s_.bmp, rp_);
+        Micro::pack_t(s_.s, s_.bnp, rows_, cols, s_.st, s_.bmp, rp_);
       } else {
         Micro::gemm(cols, rp_, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, false, nullptr);
       }
@@ -300,8 +300,8 @@ struct MathF32 {
       const T* v = row_ptr<const T>(p_.v, b, hk, j0);
       need_ds_ = job_.need_dk || job_.need_dq;
       cols_ = cols;
-      Micro::pack_t(k, p_.k.ss, cols, p_.head_dim, 1.0f, s_.kt, s_.bnp, s_.bnp);
-      if (need_ds_) Micro::pack_t(v, p_.v.ss, cols, p_.head_dim_v, 1.0f, s_.vt, s_.bnp, s_.bnp);
+      Micro::pack_t(k, p_.k.ss, cols, p_.head_dim, s_.kt, s_.bnp, s_.bnp);
+      if (need_ds_) Micro::pack_t(v, p_.v.ss, cols, p_.head_dim_v, s_.vt, s_.bnp, s_.bnp);
       if (job_.need_dq) kf_ = as_f32<Micro>(k, p_.k.ss, cols, p_.head_dim, s_.kf, s_.dp, &ldk_);
       if (job_.need_dk) fill(s_.dk, cols * s_.dp, 0.0f);
       if (job_.need_dv) fill(s_.dv, cols * s_.dvp, 0.0f);

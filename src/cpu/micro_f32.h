@@ -147,18 +147,17 @@ struct MicroF32 {
   }
 
   // --- Packing -------------------------------------------------------------------------------------
-  // dst[c][r] = src[r][c] * mul for r < rows, c < cols; zero for rows <= r < rows_pad (a multiple of L).
+  // dst[c][r] = src[r][c] for r < rows, c < cols; zero for rows <= r < rows_pad (a multiple of L).
   // L x L blocks transposed in registers.
   template <class T>
-  static void pack_t(const T* src, int64_t lds, int64_t rows, int64_t cols, float mul, float* dst, int64_t ldd,
+  static void pack_t(const T* src, int64_t lds, int64_t rows, int64_t cols, float* dst, int64_t ldd,
                      int64_t rows_pad) {
-    const R scale = V::set1(mul);
     for (int64_t r0 = 0; r0 < rows_pad; r0 += L) {
       for (int64_t c0 = 0; c0 < cols; c0 += L) {
         const int nc = static_cast<int>(min64(L, cols - c0));
         R block[L];
         for (int i = 0; i < L; ++i)
-          block[i] = r0 + i < rows ? V::mul(V::load(src + (r0 + i) * lds + c0, nc), scale) : V::zero();
+          block[i] = r0 + i < rows ? V::load(src + (r0 + i) * lds + c0, nc) : V::zero();
         V::transpose(block);
         for (int j = 0; j < nc; ++j) V::storeu(dst + (c0 + j) * ldd + r0, block[j]);
       }

@@ -32,10 +32,13 @@ struct V256 {
   // Masked-off lanes are neither read nor faulted on.
   static reg load_masked(const float* p, mask m) { return _mm256_maskload_ps(p, m); }
   static void store_masked(float* p, mask m, reg x) { _mm256_maskstore_ps(p, m, x); }
-  // The first n (<= 8) elements at p in f32, the other lanes 0; nothing past them is read. (Masked
-  // loads are cheap; a branch to an unmasked load for whole vectors made the forward 5% slower on
-  // Zen 3, through pack_t.)
-  static reg load(const float* p, int n) { return _mm256_maskload_ps(p, first_lanes(n)); }
+  // The first n (<= 8) elements at p in f32, the other lanes 0; nothing past them is read. A whole
+  // vector is loaded without the mask: on Zen 3, vmaskmovps loads that miss the cache are slow (the
+  // transposing pack of K, reading it from memory in decoding, took 0.7x the time with plain loads).
+  static reg load(const float* p, int n) {
+    if (n >= 8) return _mm256_loadu_ps(p);
+    return _mm256_maskload_ps(p, first_lanes(n));
+  }
   static reg load(const bf16* p, int n) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load8x16(p, n)), 16));
   }

@@ -42,12 +42,12 @@ struct ScalarMicro {
     cpu::gemm_banded(&gemm, 1, m, n, kk, a, ars, aks, b, ldb, c, ldc, acc, row_scale, lo, hi);
   }
 
-  // dst[c][r] = src[r][c] * mul for r < rows, c < cols; zero for rows <= r < rows_pad.
+  // dst[c][r] = src[r][c] for r < rows, c < cols; zero for rows <= r < rows_pad.
   template <class T>
-  static void pack_t(const T* src, int64_t lds, int64_t rows, int64_t cols, float mul, float* dst, int64_t ldd,
+  static void pack_t(const T* src, int64_t lds, int64_t rows, int64_t cols, float* dst, int64_t ldd,
                      int64_t rows_pad) {
     for (int64_t c = 0; c < cols; ++c) {
-      for (int64_t r = 0; r < rows; ++r) dst[c * ldd + r] = to_float(src[r * lds + c]) * mul;
+      for (int64_t r = 0; r < rows; ++r) dst[c * ldd + r] = to_float(src[r * lds + c]);
       for (int64_t r = rows; r < rows_pad; ++r) dst[c * ldd + r] = 0.0f;
     }
   }
