@@ -48,6 +48,14 @@ Case grouped_blocks() {
   return c;
 }
 
+// Decoding against a long cache: the forward splits each row's keys into parts that the threads
+// share (cpu/backend.cpp: forward_splits).
+Case split_keys() {
+  Case c;
+  c.shape = {1, 8, 2, 1, 10 * 8 * fbtest::tiles_for(64, 64, false).bn + 3, 64, 64};
+  return c;
+}
+
 // Many heads, grouped, with a window: the threads split heads and kv heads.
 Case many_heads() {
   Case c;
@@ -90,7 +98,7 @@ fbtest::Inputs inputs_for(const Case& c) {
 
 TEST_F(Api, CallerWorkspaceGivesTheSameBits) {
   for (const Case& c :
-       {long_sequence(true), many_heads(), decoding_bshd(), empty_sequences(0, 9), empty_sequences(9, 0)}) {
+       {long_sequence(true), many_heads(), decoding_bshd(), split_keys(), empty_sequences(0, 9), empty_sequences(9, 0)}) {
     SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
     const fbtest::Inputs in = inputs_for(c);
     const Outputs library = run(c, in);
@@ -177,7 +185,9 @@ TEST_F(Api, LayoutsGiveTheSameBits) {
 // in the padded layout keep the heads apart. Both give the same bits, at 1 and 2 threads.
 TEST_F(Api, DecodingHeadsSwappedGiveTheSameBits) {
   const flashback::cpu::Tiles f = fbtest::tiles_for(64, 64, false);
-  std::vector<Case> cases(4);
+  std::vector<Case> cases(5);
+  cases[4] = split_keys(); // and split keys: the same parts either way
+  ASSERT_GT(fbtest::forward_splits_of(cases[4]), 1);
   cases[0].shape = {2, 8, 2, 1, 3 * f.bn + 5, 64, 64};
   cases[1].shape = {1, 16, 1, 1, 2 * f.bn + 1, 48, 80};
   cases[1].opt.causal = true;
@@ -198,7 +208,7 @@ TEST_F(Api, DecodingHeadsSwappedGiveTheSameBits) {
 }
 
 TEST_F(Api, ThreadCountsGiveTheSameBits) {
-  for (Case c : {long_sequence(true), long_sequence(false), many_heads(), grouped_blocks()}) {
+  for (Case c : {long_sequence(true), long_sequence(false), many_heads(), grouped_blocks(), split_keys()}) {
     SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
     const fbtest::Inputs in = inputs_for(c);
     c.threads = 1;

@@ -284,6 +284,38 @@ TEST_P(Attention, Decoding) {
   check_cases(cases);
 }
 
+// --- Split keys ---------------------------------------------------------------------------------------
+
+// A query side of fewer than 16 blocks against many key blocks: the forward cuts each query block's
+// visible key blocks into parts of at least 8 blocks, up to 16 parts, and combines the parts' outputs
+// (cpu/backend.cpp: forward_splits). Decoding with swapped heads (16 parts) and without (G = 1, three
+// uneven parts of 25 blocks), two query blocks of a causal band that see different key ranges,
+// windows whose width sets the parts (one cut by the last key), the wider avx2 forward tiles at
+// D = 128, strided layouts and lse rows apart (heads not swapped). Each case is checked to split.
+TEST_P(Attention, SplitKeys) {
+  const flashback::cpu::Tiles f = tiles(64, 64, false), wide = tiles(128, 128, false);
+  std::vector<Case> cases = {
+      make_case(1, 4, 1, 1, 16 * 8 * f.bn + 3, 64, 64, kNoMask),
+      make_case(2, 2, 2, 1, 3 * 8 * f.bn + 5, 80, 48, kCausal),
+      make_case(1, 2, 1, f.bm + 7, 5 * 8 * f.bn + 1, 64, 64, kCausal),
+      make_case(1, 1, 1, 3, 40 * f.bn, 7, 9, window(16 * f.bn + 5, 0)),
+      make_case(1, 1, 1, 5, 20 * f.bn, 64, 64, window(16 * f.bn, 16 * f.bn)),
+      make_case(1, 8, 2, 1, 8 * 8 * wide.bn + 9, 128, 128, kCausal),
+  };
+  for (Layout l : {Layout::bshd, Layout::padded}) {
+    Case c = make_case(1, 4, 1, 1, 4 * 8 * f.bn + 3, 64, 64, kNoMask);
+    c.layout(l);
+    if (l == Layout::padded) c.rows = l;
+    cases.push_back(c);
+  }
+  for (Case& c : cases) {
+    c.threads = 2;
+    c.dtype = GetParam();
+    ASSERT_GT(fbtest::forward_splits_of(c), 1) << c.describe();
+  }
+  check_cases(cases);
+}
+
 // --- Head dims ----------------------------------------------------------------------------------------
 
 TEST_P(Attention, HeadDims) {

@@ -105,13 +105,21 @@ void expect_near_reference(const Outputs& out, const Reference& r, double tol) {
 // several query and key blocks of this ISA's tiles, with grouped heads and a causal band, so the
 // threads split heads and blocks and each query block's dQ receives several key blocks' turns. Without
 // the mask, one thread's work items take two key blocks each and add their dQ in one product, more
-// threads' items one key block (backend.cpp's group_for): the same bits either way.
+// threads' items one key block (backend.cpp's group_for): the same bits either way. A third case
+// decodes against a long cache: the forward splits each row's keys into parts (forward_splits, a
+// function of the problem, not of the threads) that the threads share.
 TEST_F(Reliability, TwentyRunsOverThreadCountsGiveTheSameBits) {
-  for (fb_dtype dtype : kDtypes) for (bool masked : {true, false}) {
+  for (fb_dtype dtype : kDtypes) for (int variant : {0, 1, 2}) {
+    const bool masked = variant == 0;
     const flashback::cpu::Tiles t = fbtest::tiles_for(40, 24, true, dtype);
     Case c = make_case(dtype, {1, 4, 2, t.bm + 17, 2 * t.bn + 9, 40, 24});
     c.opt.causal = masked;
     c.opt.window_left = masked ? t.bn + 5 : -1;
+    if (variant == 2) {
+      c.shape.seqlen_q = 1;
+      c.shape.seqlen_k = 12 * 8 * fbtest::tiles_for(40, 24, false, dtype).bn + 5;
+      ASSERT_GT(fbtest::forward_splits_of(c), 1) << c.describe();
+    }
     SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
     const Inputs in = inputs_for(c);
     c.threads = 1;
@@ -506,6 +514,15 @@ Case poison_case(fb_dtype dtype) {
   return c;
 }
 
+// Three rows of each query head against 4 parts of 8 key blocks each: the forward splits the keys
+// and combines the parts (cpu/backend.cpp: forward_splits). The poisoned keys lie in the first part.
+Case split_poison_case(fb_dtype dtype) {
+  const flashback::cpu::Tiles t = fbtest::tiles_for(16, 16, false, dtype);
+  Case c = make_case(dtype, {2, 4, 2, 3, 4 * 8 * t.bn + 7, 16, 16});
+  c.opt.causal = true;
+  return c;
+}
+
 std::vector<Poison> poisons(const Case& c, double value) {
   std::vector<Poison> out;
   for (int64_t row : {int64_t{0}, c.shape.seqlen_q - 1}) {
@@ -522,8 +539,8 @@ std::vector<Poison> poisons(const Case& c, double value) {
 // the value it has without it: other rows, other keys, other heads, other batches), and a NaN is never
 // swallowed: some output that depends on it is NaN.
 TEST_F(Reliability, NonFiniteInputsAffectOnlyWhatDependsOnThem) {
-  for (fb_dtype dtype : kDtypes) {
-    const Case c = poison_case(dtype);
+  for (fb_dtype dtype : kDtypes) for (const Case& c : {poison_case(dtype), split_poison_case(dtype)}) {
+    if (c.shape.seqlen_q == 3) ASSERT_GT(fbtest::forward_splits_of(c), 1) << c.describe();
     const Inputs clean_in = inputs_for(c);
     const Outputs clean = run(c, clean_in);
     for (double value : {std::nan(""), kInf, -kInf}) {

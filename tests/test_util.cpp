@@ -10,6 +10,8 @@
 #include <tuple>
 #include <sstream>
 
+#include "core/problem.h"
+#include "cpu/backend.h"
 #include "cpu/isa.h"
 #include "cpu/tiles.h"
 
@@ -74,6 +76,20 @@ std::optional<std::string> isa_skip_reason() {
   return std::string("FLASHBACK_ISA=") + env + " but this process runs " + fb_cpu_isa() +
          " kernels (the machine supports up to " + flashback::cpu::isa_name(flashback::cpu::machine_isa()) +
          "): the machine or the build lacks " + env;
+}
+
+int64_t forward_splits_of(const Case& c) {
+  flashback::core::Problem p;
+  p.dtype = static_cast<flashback::core::DType>(c.dtype);
+  p.batch = c.shape.batch;
+  p.heads_q = c.shape.heads_q;
+  p.heads_kv = c.shape.heads_kv;
+  p.seqlen_q = c.shape.seqlen_q;
+  p.seqlen_k = c.shape.seqlen_k;
+  p.head_dim = c.shape.head_dim;
+  p.head_dim_v = c.shape.head_dim_v;
+  p.band = flashback::core::make_band(p.seqlen_q, p.seqlen_k, c.opt.window_left, c.opt.causal ? 0 : c.opt.window_right);
+  return flashback::cpu::forward_splits(p);
 }
 
 flashback::cpu::Tiles tiles_for(int64_t head_dim, int64_t head_dim_v, bool backward, fb_dtype dtype) {

@@ -187,6 +187,10 @@ struct Outputs {
   Tensor dq, dk, dv, delta; // left empty when the case does not want them
 };
 
+// The parts the forward of this process cuts each query block's keys into for case `c` (1: none;
+// cpu/backend.cpp: forward_splits), so that tests of split keys can check that they split.
+int64_t forward_splits_of(const Case& c);
+
 // Random normal inputs in the case's layouts.
 Inputs make_inputs(const Case& c, std::mt19937_64& rng);
 // The values of `in` in the layouts of case `c` (the same shape), in buffers of their own: the same

@@ -35,8 +35,6 @@ template <class... Args>
   throw Error(FB_ERROR_UNSUPPORTED, cat(args...));
 }
 
-constexpr int64_t kMaxHeadDim = 256;
-
 const char* const kDimNames4[] = {"batch", "heads", "seqlen", "head_dim"};
 const char* const kDimNames3[] = {"batch", "heads", "seqlen"};
 
@@ -266,16 +264,6 @@ void read_params(const fb_params* params, Problem& p) {
   }
 }
 
-// dlo <= j - i <= dhi, the unbounded sides clamped to the extreme diagonals of the [Sq, Sk] rectangle.
-Band make_band(int64_t sq, int64_t sk, int64_t left, int64_t right) {
-  const __int128 offset = static_cast<__int128>(sk) - sq; // the diagonal query i = Sq-1 meets key Sk-1 on
-  auto clamp = [&](__int128 x) { return static_cast<int64_t>(std::clamp<__int128>(x, -static_cast<__int128>(sq), sk)); };
-  Band b;
-  b.dlo = left < 0 ? -sq : clamp(offset - left);
-  b.dhi = right < 0 ? sk : clamp(offset + right);
-  return b;
-}
-
 void check_sizes(Problem& p) {
   if (p.batch < 1) invalid("q.shape[0] (batch): expected >= 1, got ", p.batch);
   if (p.heads_q < 1) invalid("q.shape[1] (heads): expected >= 1, got ", p.heads_q);
@@ -425,6 +413,16 @@ Problem validate_backward(const fb_tensor* dout, const fb_tensor* q, const fb_te
   p.dv = strided4(dv);
   p.delta = rows3(delta);
   return p;
+}
+
+// dlo <= j - i <= dhi, the unbounded sides clamped to the extreme diagonals of the [Sq, Sk] rectangle.
+Band make_band(int64_t sq, int64_t sk, int64_t left, int64_t right) {
+  const __int128 offset = static_cast<__int128>(sk) - sq; // the diagonal query i = Sq-1 meets key Sk-1 on
+  auto clamp = [&](__int128 x) { return static_cast<int64_t>(std::clamp<__int128>(x, -static_cast<__int128>(sq), sk)); };
+  Band b;
+  b.dlo = left < 0 ? -sq : clamp(offset - left);
+  b.dhi = right < 0 ? sk : clamp(offset + right);
+  return b;
 }
 
 } // namespace flashback::core

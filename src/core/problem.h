@@ -14,6 +14,9 @@ namespace flashback::core {
 
 enum class DType : int32_t { f32 = FB_F32, bf16 = FB_BF16, f16 = FB_F16 };
 
+// D and Dv lie in [1, kMaxHeadDim].
+constexpr int64_t kMaxHeadDim = 256;
+
 inline size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
 const char* dtype_name(DType t);
 
@@ -59,6 +62,9 @@ struct Band {
     return j0 - (i1 - 1) >= dlo && (j1 - 1) - i0 <= dhi;
   }
 };
+
+// The band of a window (left, right) over [Sq, Sk] (-1: unbounded on that side), bottom-right aligned.
+Band make_band(int64_t sq, int64_t sk, int64_t left, int64_t right);
 
 struct Problem {
   DType dtype = DType::f32; // of q, k, v, o, dout, dq, dk, dv; lse and delta are f32

@@ -5,7 +5,10 @@
 //
 // Forward (FlashAttention-2): per (batch, head, query block), stream the visible key blocks with an
 // online softmax; a work item takes a few query blocks of one kv head's query heads (ForwardJob::q_group)
-// and gives each key block to all of them in turn.
+// and gives each key block to all of them in turn. When the query side is too small to keep the
+// threads busy (decoding, short chunks against long caches), each query block's visible key blocks are
+// cut into ForwardJob::splits consecutive parts (FlashDecoding's split-KV): an item takes one part, its
+// blocks write f32 partial outputs and LSEs, and a last phase combines each row's parts in part order.
 //
 // Backward: per (batch, kv head, key block), accumulate dK and dV over every query head of the group
 // and every visible query block; a work item takes a few key blocks (BackwardJob::k_group) and gives
@@ -17,7 +20,7 @@
 //
 // A Math policy provides: T (storage type), tiles(), *_scratch_bytes() (per thread), *_shared_bytes()
 // and *_prepare() (operands packed once per call, e.g. bf16 tiles; may be empty), dot(), store_row()
-// (an f32 row rounded to T), and the classes Forward {begin, add, finish} and Backward {begin, add,
+// (an f32 row rounded to T), and the classes Forward {begin, add, finish (into T or f32 rows)} and Backward {begin, add,
 // add_dq, finish}; optionally Forward::share_converted() (blocks of an item read one worker's
 // per-tile operands), Backward::add_dq_sum() (several workers' add_dq in one product), thread_begin()
 // and thread_end() (KernelSet).
@@ -26,6 +29,8 @@
 #pragma once
 
 #include <sched.h>
+
+#include <type_traits>
 
 #include "cpu/blocks.h"
 
@@ -72,6 +77,8 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
   // the most keys, so the dynamic schedule starts with the longest ones.
   const int64_t per_kv_head = p.group() * job.q_blocks;
   const int64_t runs = (per_kv_head + job.q_group - 1) / job.q_group;
+  const int64_t part = item % job.splits; // the part of each block's keys (splits = 1: all of them)
+  item /= job.splits;
   const int64_t bhk = item / runs, first_x = (runs - 1 - item % runs) * job.q_group;
   const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
   const int64_t blocks = min64(job.q_group, per_kv_head - first_x);
@@ -86,6 +93,15 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
     for (int64_t g = 1; g < blocks; ++g) f[g].share_converted(f[0]);
   int64_t h[kMaxGroup], i0[kMaxGroup], jfirst[kMaxGroup], jlast[kMaxGroup];
   int64_t jmin = job.kv_blocks, jmax = -1;
+  // Block g's output rows: the caller's O and LSE, or (split) its part's f32 partial rows.
+  auto finish = [&](int64_t g, auto&& store) {
+    if (job.splits > 1) {
+      float* o = job.partial_of(b, h[g], i0[g], part);
+      store(o, job.partial_ld, o + job.partial_rows * job.partial_ld);
+    } else {
+      store(row_ptr<T>(p.o, b, h[g], i0[g]), p.o.ss, p.lse.data + b * p.lse.sb + h[g] * p.lse.sh + i0[g]);
+    }
+  };
   for (int64_t g = 0; g < blocks; ++g) {
     const int64_t x = first_x + g;
     h[g] = hk * p.group() + x / job.q_blocks;
@@ -94,13 +110,21 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
     int64_t kfirst, klast;
     p.band.keys_of_rows(i0[g], i0[g] + rows, p.seqlen_k, &kfirst, &klast);
     block_range(kfirst, klast, t.bn, &jfirst[g], &jlast[g]);
-    if (jfirst[g] > jlast[g]) { // no row of the block sees a key
-      T* o = row_ptr<T>(p.o, b, h[g], i0[g]);
-      float* lse = p.lse.data + b * p.lse.sb + h[g] * p.lse.sh + i0[g];
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < p.head_dim_v; ++c) o[r * p.o.ss + c] = from_float<T>(0.0f);
-        lse[r] = -kInf;
+    if (job.splits > 1) { // this part's share of the key blocks: [first + part n / s, first + (part + 1) n / s)
+      const int64_t n = jlast[g] - jfirst[g] + 1;
+      if (n > 0) {
+        jlast[g] = jfirst[g] + (part + 1) * n / job.splits - 1;
+        jfirst[g] += part * n / job.splits;
       }
+    }
+    if (jfirst[g] > jlast[g]) { // no row of the block sees a key (of this part)
+      finish(g, [&](auto* o, int64_t ldo, float* lse) {
+        using U = std::remove_pointer_t<decltype(o)>;
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t c = 0; c < p.head_dim_v; ++c) o[r * ldo + c] = from_float<U>(0.0f);
+          lse[r] = -kInf;
+        }
+      });
       continue;
     }
     f[g].begin(b, h[g], i0[g], rows);
@@ -116,8 +140,55 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
       f[g].add(b, hk, j0, cols, p.band.covers(i0[g], i1, j0, j0 + cols) ? nullptr : &mask, jb == jfirst[g]);
     }
   }
-  for (int64_t g = 0; g < blocks; ++g)
-    if (jfirst[g] <= jlast[g]) f[g].finish(b, h[g], i0[g], min64(p.seqlen_q, i0[g] + t.bm) - i0[g]);
+  for (int64_t g = 0; g < blocks; ++g) {
+    if (jfirst[g] > jlast[g]) continue;
+    const int64_t rows = min64(p.seqlen_q, i0[g] + t.bm) - i0[g];
+    finish(g, [&](auto* o, int64_t ldo, float* lse) { f[g].finish(o, ldo, lse, rows); });
+  }
+}
+
+// Rows [begin, end) of the flattened (batch, head, query) index, when the keys were split: each row's
+// parts combined in part order, O = sum_k w_k O_k and LSE = log sum_k exp(LSE_k), w_k = exp(LSE_k - LSE)
+// (in double, rounded once), O rounded to T once. A row that saw no key in any part: O = 0, LSE = -inf;
+// a NaN in a part's LSE (a non-finite input the row sees) makes the row's outputs NaN.
+template <class Math>
+void forward_combine(const ForwardJob& job, int64_t begin, int64_t end) {
+  using T = typename Math::T;
+  const core::Problem& p = *job.p;
+  const int64_t s = job.splits, dv = p.head_dim_v;
+  float acc[core::kMaxHeadDim];
+  const float* part_o[kMaxSplits];
+  double w[kMaxSplits];
+  for (int64_t row = begin; row < end; ++row) {
+    const int64_t bh = row / p.seqlen_q, i = row % p.seqlen_q;
+    const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
+    const int64_t i0 = i / job.tiles.bm * job.tiles.bm;
+    double mx = -kInf;
+    bool nan = false;
+    for (int64_t k = 0; k < s; ++k) {
+      const float* o = job.partial_of(b, h, i0, k);
+      part_o[k] = o + (i - i0) * job.partial_ld;
+      w[k] = o[job.partial_rows * job.partial_ld + (i - i0)]; // the part's LSE
+      nan = nan || w[k] != w[k];
+      mx = w[k] > mx ? w[k] : mx;
+    }
+    float* lse = p.lse.data + b * p.lse.sb + h * p.lse.sh + i;
+    if (nan || mx == -kInf) { // NaN, or no key in any part
+      const float fill_value = nan ? __builtin_nanf("") : 0.0f;
+      for (int64_t c = 0; c < dv; ++c) acc[c] = fill_value;
+      *lse = nan ? fill_value : -kInf;
+    } else {
+      double sum = 0;
+      for (int64_t k = 0; k < s; ++k) sum += (w[k] = __builtin_exp(w[k] - mx));
+      *lse = static_cast<float>(mx + __builtin_log(sum));
+      for (int64_t c = 0; c < dv; ++c) acc[c] = 0.0f;
+      for (int64_t k = 0; k < s; ++k) {
+        const float wk = static_cast<float>(w[k] / sum);
+        for (int64_t c = 0; c < dv; ++c) acc[c] += wk * part_o[k][c];
+      }
+    }
+    Math::store_row(acc, dv, 1.0f, row_ptr<T>(p.o, b, h, i));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -277,6 +348,7 @@ const KernelSet& kernel_set_of() {
       &Math::forward_prepare_items,
       &Math::forward_prepare,
       &forward_item<Math>,
+      &forward_combine<Math>,
       &Math::backward_scratch_bytes,
       &Math::backward_shared_bytes,
       &Math::backward_prepare_items,

@@ -53,16 +53,32 @@ void claim_work_items(const KernelSet& ks, std::atomic<int64_t>& next, int64_t n
   if (ks.thread_end) ks.thread_end();
 }
 
-// The forward's workspace: per-thread scratch (one block per query block of an item), then the
-// operands the tile math packs once per call.
+// The forward's workspace: per-thread scratch (one block per query block of an item), the operands
+// the tile math packs once per call, then (split keys only) the parts' f32 rows.
 struct ForwardLayout {
   Tiles tiles;
   int threads = 1;
-  int64_t group = 1;
-  size_t block = 0, shared = 0;
+  int64_t group = 1, splits = 1, partial_rows = 0, partial_ld = 0;
+  size_t block = 0, shared = 0, partial = 0;
   size_t scratch() const { return group * block; } // per thread
-  size_t total() const { return kAlign + threads * scratch() + shared; }
+  size_t total() const { return kAlign + threads * scratch() + shared + partial; }
 };
+
+// Split keys (FlashDecoding): when the query side has fewer than kSplitPieces query blocks (decoding,
+// a short chunk against a long cache), each block's visible key blocks are cut into parts of at least
+// kSplitMinBlocks blocks, enough parts to make about kSplitPieces pieces of work. A function of the
+// problem only, never of the thread count, so the results are the same bits for any thread count; and
+// of quantities that swapping the decoding heads (below) leaves alone, so swapped or not, the same bits.
+// The query side counts the rows of a kv head's group together (B Hk ceil(G Sq / BM) blocks, as a
+// swapped decoding problem has them); the keys, those a row sees (Sk, or a window's width).
+constexpr int64_t kSplitPieces = kMaxSplits, kSplitMinBlocks = 8;
+int64_t splits_for(const core::Problem& p, Tiles t) {
+  const int64_t query_blocks = p.batch * p.heads_kv * ceil_div(p.group() * p.seqlen_q, t.bm);
+  if (query_blocks == 0 || query_blocks >= kSplitPieces) return 1;
+  const int64_t width = std::min<int64_t>(p.seqlen_k, p.band.dhi - p.band.dlo + 1);
+  const int64_t parts = std::min(ceil_div(kSplitPieces, query_blocks), ceil_div(width, t.bn) / kSplitMinBlocks);
+  return std::max<int64_t>(1, parts);
+}
 
 // Blocks per work item: up to kMaxGroup, so that the operands the blocks share (the keys and values of
 // a kv head in the forward; the queries, dO and dQ rows in the backward) are read from memory once per
@@ -79,10 +95,18 @@ int64_t group_for(const core::Problem& p, Tiles t, Items&& items) {
 ForwardLayout forward_layout(const core::Problem& p, const KernelSet& ks) {
   ForwardLayout l;
   l.tiles = ks.tiles(p, false);
-  l.group = group_for(p, l.tiles, forward_items);
-  l.threads = threads_for(p, forward_items(p, l.tiles, l.group));
+  l.splits = splits_for(p, l.tiles);
+  auto items = [&](const core::Problem& q, Tiles t, int64_t group) { return forward_items(q, t, group) * l.splits; };
+  l.group = group_for(p, l.tiles, items);
+  l.threads = threads_for(p, items(p, l.tiles, l.group));
   l.block = align_up(ks.forward_scratch_bytes(p, l.tiles));
   l.shared = align_up(ks.forward_shared_bytes(p, l.tiles));
+  if (l.splits > 1) {
+    l.partial_rows = std::min(p.seqlen_q, l.tiles.bm);
+    l.partial_ld = (p.head_dim_v + 15) / 16 * 16;
+    const int64_t parts = p.batch * p.heads_q * ceil_div(p.seqlen_q, l.tiles.bm) * l.splits;
+    l.partial = static_cast<size_t>(parts * ForwardJob::partial_floats(l.partial_rows, l.partial_ld)) * sizeof(float);
+  }
   return l;
 }
 
@@ -186,6 +210,8 @@ core::Problem swap_decoding_heads(const core::Problem& p) {
   return s;
 }
 
+int64_t forward_splits(const core::Problem& p) { return splits_for(p, active_kernels(p).tiles(p, false)); }
+
 size_t forward_workspace_bytes(const core::Problem& p) {
   const core::Problem s = swap_decoding_heads(p);
   return forward_layout(s, active_kernels(s)).total();
@@ -202,11 +228,16 @@ void forward(const core::Problem& problem, void* workspace) {
   job.kv_blocks = ceil_div(p.seqlen_k, l.tiles.bn);
   job.q_group = l.group;
   job.block_scratch = l.block;
-  const int64_t items = forward_items(p, l.tiles, l.group);
+  job.splits = l.splits;
+  job.partial_rows = l.partial_rows;
+  job.partial_ld = l.partial_ld;
+  const int64_t items = forward_items(p, l.tiles, l.group) * l.splits;
   if (items == 0) return;
   char* scratch = align_ptr(workspace);
   job.shared = scratch + l.threads * l.scratch();
+  job.partial = reinterpret_cast<float*>(job.shared + l.shared);
   const int64_t prepare_items = ks.forward_prepare_items(job);
+  const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
   std::atomic<int64_t> next_prepare{0}, next{0};
   run_team(l.threads, [&](int tid, int nt) {
     if (prepare_items > 0) {
@@ -215,6 +246,11 @@ void forward(const core::Problem& problem, void* workspace) {
     }
     char* mine = scratch + tid * l.scratch();
     claim_work_items(ks, next, items, [&](int64_t item) { ks.forward_item(job, item, mine); });
+    if (job.splits > 1) { // the parts of each row combined (static row ranges)
+      team_barrier(nt);
+      const int64_t chunk = ceil_div(rows, nt);
+      ks.forward_combine(job, std::min(rows, tid * chunk), std::min(rows, (tid + 1) * chunk));
+    }
   });
 }
 

@@ -20,8 +20,11 @@ struct Tiles {
 // key blocks in the backward (BackwardJob::k_group).
 constexpr int64_t kMaxGroup = 4;
 
+// The most parts a forward cuts each query block's keys into (ForwardJob::splits).
+constexpr int64_t kMaxSplits = 16;
+
 // Everything a forward work item needs; items are (batch, kv head, group of q_group query blocks of
-// its query heads: blocks of one head, or of consecutive heads when a head has fewer).
+// its query heads: blocks of one head, or of consecutive heads when a head has fewer, part of the keys).
 struct ForwardJob {
   const core::Problem* p = nullptr;
   Tiles tiles;
@@ -31,6 +34,18 @@ struct ForwardJob {
   int64_t q_group = 1;
   size_t block_scratch = 0;
   char* shared = nullptr;              // forward_shared_bytes, 64-byte aligned: operands packed once
+  // Split keys: each query block's visible key blocks in `splits` parts (1: not split). Part k of a
+  // block writes its normalized f32 rows [partial_rows][partial_ld] and their LSEs [partial_rows]
+  // at partial_of(b, h, i0, k); forward_combine adds them up.
+  int64_t splits = 1;
+  float* partial = nullptr;
+  int64_t partial_rows = 0, partial_ld = 0;
+  // Floats of one part of one query block (a multiple of 16: 64-byte aligned).
+  static int64_t partial_floats(int64_t rows, int64_t ld) { return (rows * (ld + 1) + 15) / 16 * 16; }
+  float* partial_of(int64_t b, int64_t h, int64_t i0, int64_t part) const {
+    const int64_t block = ((b * p->heads_q + h) * q_blocks + i0 / tiles.bm) * splits + part;
+    return partial + block * partial_floats(partial_rows, partial_ld);
+  }
 };
 
 // Everything a backward work item needs; items are (batch, kv head, group of k_group key blocks),
@@ -64,6 +79,8 @@ struct KernelSet {
   int64_t (*forward_prepare_items)(const ForwardJob& job);
   void (*forward_prepare)(const ForwardJob& job, int64_t item);
   void (*forward_item)(const ForwardJob& job, int64_t item, char* scratch);
+  // Rows [begin, end) of the flattened (batch, head, query) index: the parts of split keys combined.
+  void (*forward_combine)(const ForwardJob& job, int64_t begin, int64_t end);
 
   size_t (*backward_scratch_bytes)(const core::Problem& p, Tiles t); // per thread
   size_t (*backward_shared_bytes)(const core::Problem& p, Tiles t);

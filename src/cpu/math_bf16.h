@@ -140,12 +140,12 @@ struct MathBf16 {
                    !first, first ? nullptr : s_.alpha);
     }
 
-    void finish(int64_t b, int64_t h, int64_t i0, int64_t rows) {
-      T* o = row_ptr<T>(p_.o, b, h, i0);
-      float* lse = p_.lse.data + b * p_.lse.sb + h * p_.lse.sh + i0;
+    // The block's rows of O (bf16, or f32 partial rows when the keys are split) and of the LSE.
+    template <class U>
+    void finish(U* o, int64_t ldo, float* lse, int64_t rows) {
       for (int64_t r = 0; r < rows; ++r) {
         const float inv = s_.l[r] != 0.0f ? 1.0f / s_.l[r] : 0.0f; // l = 0: no key, O = 0
-        F::store_row(s_.oacc + r * s_.z.dvn, p_.head_dim_v, inv, o + r * p_.o.ss);
+        F::store_row(s_.oacc + r * s_.z.dvn, p_.head_dim_v, inv, o + r * ldo);
         lse[r] = lse_of(s_.m[r], s_.l[r]);
       }
     }

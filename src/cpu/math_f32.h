@@ -239,13 +239,13 @@ struct MathF32 {
     // there by every block of the item.
     void share_converted(Forward& owner) { kv_owner_ = &owner; }
 
-    void finish(int64_t b, int64_t h, int64_t i0, int64_t rows) {
-      T* o = row_ptr<T>(p_.o, b, h, i0);
-      float* lse = p_.lse.data + b * p_.lse.sb + h * p_.lse.sh + i0;
+    // The block's rows of O (T, or f32 partial rows when the keys are split) and of the LSE.
+    template <class U>
+    void finish(U* o, int64_t ldo, float* lse, int64_t rows) {
       for (int64_t r = 0; r < rows; ++r) {
         // l = 0: this row sees no key; its zero accumulator gives O = 0.
         const float inv = s_.l[r] != 0.0f ? 1.0f / s_.l[r] : 0.0f;
-        Micro::store_row(s_.oacc + r * s_.dvp, p_.head_dim_v, inv, o + r * p_.o.ss);
+        Micro::store_row(s_.oacc + r * s_.dvp, p_.head_dim_v, inv, o + r * ldo);
         lse[r] = lse_of(static_cast<double>(s_.m[r]) * log2_scale(p_), s_.l[r]);
       }
     }
