@@ -215,6 +215,19 @@ struct MathF32 {
         ldk = p_.k.ss;
         ldv = p_.v.ss;
       }
+      // Under a mask, only the tile's keys [kb, ke) that some row of the block sees are computed (a
+      // causal diagonal tile, a window's edges: the others are masked for every row). The scores and
+      // P V are the same bits as over the whole tile; the softmax's two partial sums may pair the
+      // keys differently (rounding only).
+      Mask trimmed;
+      if (mask) {
+        const int64_t kb = clamp64(mask->lo, 0, cols), ke = clamp64(rows_ + int64_t{mask->hi}, kb, cols);
+        trimmed = {static_cast<int32_t>(mask->lo - kb), static_cast<int32_t>(mask->hi - kb)};
+        mask = &trimmed;
+        k += kb * ldk;
+        v += kb * ldv;
+        cols = ke - kb;
+      }
       // st [cols][rp_] (ld BMp) = K Q^T, then P^T = exp2((S^T - m) * scale * log2(e)). A block of
       // few rows takes S = Q K^T (Q(r, x) = qt[x][r]) and transposes it: each score is the same FMA
       // chain over D either way, so the same bits.
@@ -332,24 +345,43 @@ struct MathF32 {
         ldq = p_.q.ss;
         lddo = p_.dout.ss;
       }
+      // Under a mask, only the rows [rb, rb + rows) that see some key of the tile and the keys
+      // [kb, kb + kn) that they see (a causal diagonal tile, a window's edges: up to half of such a
+      // tile is masked for every row or key). Each product still sums exactly what each row or key
+      // sees; the banded products group rows from rb, so their order of terms, and the rounding, may
+      // differ from the whole tile's (a function of the problem: still deterministic).
+      rb_ = kb_ = 0;
+      kn_ = cols;
+      if (mask) {
+        const int64_t rb = clamp64(-int64_t{mask->hi}, 0, rows), re = clamp64(cols - int64_t{mask->lo}, rb, rows);
+        kb_ = clamp64(rb + mask->lo, 0, cols);
+        kn_ = clamp64(re + int64_t{mask->hi}, kb_, cols) - kb_;
+        rb_ = rb;
+        rows = re - rb;
+        tile_mask_ = {static_cast<int32_t>(mask->lo + rb - kb_), static_cast<int32_t>(mask->hi + rb - kb_)};
+        q += rb * ldq;
+        dout += rb * lddo;
+      }
       rows_ = rows;
-      if (mask) tile_mask_ = *mask;
       mask_ = mask ? &tile_mask_ : nullptr;
-      // s [rows][cols] = Q K^T, then P = exp2(S * scale * log2(e) - lse2), 0 where masked
-      Micro::gemm(rows, cols, d, q, ldq, 1, s_.kt, s_.bnp, s_.s, s_.bnp, false, nullptr);
-      Micro::probs(s_.s, s_.bnp, rows, cols, log2_scale(p_), job_.lse2 + row0, mask);
-      // dv [cols][Dv] += P^T dO
-      if (job_.need_dv) product(cols, dv, rows, s_.s, 1, s_.bnp, dout, lddo, s_.dv, s_.dvp, false);
+      const int64_t kn = kn_, r0 = row0 + rb_;
+      // s [rows][kn] = Q K^T, then P = exp2(S * scale * log2(e) - lse2), 0 where masked
+      Micro::gemm(rows, kn, d, q, ldq, 1, s_.kt + kb_, s_.bnp, s_.s, s_.bnp, false, nullptr);
+      Micro::probs(s_.s, s_.bnp, rows, kn, log2_scale(p_), job_.lse2 + r0, mask_);
+      // dv [kn][Dv] += P^T dO
+      if (job_.need_dv) product(kn, dv, rows, s_.s, 1, s_.bnp, dout, lddo, s_.dv + kb_ * s_.dvp, s_.dvp, false);
       if (!need_ds_) return;
-      // ds [rows][cols] = dO V^T, then dS = P (dP - delta) * scale
-      Micro::gemm(rows, cols, dv, dout, lddo, 1, s_.vt, s_.bnp, s_.ds, s_.bnp, false, nullptr);
-      Micro::dscores(s_.s, s_.ds, s_.bnp, rows, cols, job_.delta + row0, p_.scale, mask);
-      // dk [cols][D] += dS^T Q
-      if (job_.need_dk) product(cols, d, rows, s_.ds, 1, s_.bnp, q, ldq, s_.dk, s_.dp, false);
+      // ds [rows][kn] = dO V^T, then dS = P (dP - delta) * scale
+      Micro::gemm(rows, kn, dv, dout, lddo, 1, s_.vt + kb_, s_.bnp, s_.ds, s_.bnp, false, nullptr);
+      Micro::dscores(s_.s, s_.ds, s_.bnp, rows, kn, job_.delta + r0, p_.scale, mask_);
+      // dk [kn][D] += dS^T Q
+      if (job_.need_dk) product(kn, d, rows, s_.ds, 1, s_.bnp, q, ldq, s_.dk + kb_ * s_.dp, s_.dp, false);
     }
 
     // dq [rows][D] += dS K for the last add().
-    void add_dq(float* dq, int64_t ld) { product(rows_, p_.head_dim, cols_, s_.ds, s_.bnp, 1, kf_, ldk_, dq, ld, true); }
+    void add_dq(float* dq, int64_t ld) {
+      product(rows_, p_.head_dim, kn_, s_.ds, s_.bnp, 1, kf_ + kb_ * ldk_, ldk_, dq + rb_ * ld, ld, true);
+    }
 
     // dq [rows][D] += dS K of n workers' last add(), one query block against consecutive key blocks
     // whose tiles are unmasked, in worker order: as their add_dq() one after the other, the same bits,
@@ -359,7 +391,7 @@ struct MathF32 {
       requires requires { typename Micro::Segment; }
     {
       typename Micro::Segment seg[kMaxGroup];
-      for (int64_t g = 0; g < n; ++g) seg[g] = {w[g].s_.ds, w[g].kf_, w[g].cols_};
+      for (int64_t g = 0; g < n; ++g) seg[g] = {w[g].s_.ds, w[g].kf_, w[g].kn_}; // unmasked: all rows and keys
       Micro::gemm_sum(w[0].rows_, w[0].p_.head_dim, seg, static_cast<int>(n), w[0].s_.bnp, 1, w[0].ldk_, dq, ld,
                       true, nullptr);
     }
@@ -378,7 +410,8 @@ struct MathF32 {
     BackwardScratch s_;
     bool copied_; // Q and dO were converted once per call (copies_qdo)
     bool need_ds_ = false;
-    int64_t cols_ = 0, rows_ = 0, ldk_ = 0;
+    int64_t cols_ = 0, ldk_ = 0;
+    int64_t rb_ = 0, rows_ = 0, kb_ = 0, kn_ = 0; // the last add()'s rows and keys (trimmed under a mask)
     const float* kf_ = nullptr;
     Mask tile_mask_{};
     const Mask* mask_ = nullptr; // &tile_mask_ when the last add()'s tile is partially masked
