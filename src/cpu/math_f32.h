@@ -4,8 +4,8 @@
 // and f32 ones whose rows lie apart (copies_kv, copies_qdo), are converted to f32 once per call, in
 // the prepare phase, into the shared workspace (B Hk Sk (D + Dv) or B Hq Sq (D + Dv) floats, rows
 // padded), since every block of them is used by many tiles; where the forward's key blocks are used by
-// few (decoding: few_query_blocks), half precision is converted per tile instead and f32 is read in
-// place. Every output is rounded once from its f32 total.
+// few (decoding: few_query_blocks), K and V of any storage type are converted (f32: copied) per tile
+// instead. Every output is rounded once from its f32 total.
 //
 // Forward: the scores are computed transposed, S^T = K Q^T [BN keys][BM rows], so Q is packed once per
 // query block and K, V are read in place; the softmax then runs across rows in SIMD lanes. A block of
@@ -80,13 +80,15 @@ struct MathF32 {
 
   // Forward: K and V are converted once per call (the prepare phase) when each key block serves many
   // query blocks. When the query side of a kv head is at most kMaxGroup blocks (decoding, short
-  // chunks), a key block serves one work item or few: half precision is converted per tile, into the
-  // query block's scratch, which reads half the bytes that writing and reading an f32 copy moves, and
-  // f32 is read in place. All give the same f32 values.
+  // chunks), a key block serves one work item or few and comes from memory: it is converted per tile,
+  // into the item's scratch, by rows (half precision reads half the bytes that writing and reading an
+  // f32 copy moves). f32 is copied the same way: the copy reads K and V in one sequential stream, where
+  // the products read them in place by strided columns that the hardware prefetchers follow poorly
+  // (decoding on Zen 3: 0.73-0.84x the time with the copy). All give the same f32 values.
   static bool few_query_blocks(const core::Problem& p, Tiles t) {
     return p.group() * (round_up(p.seqlen_q, t.bm) / t.bm) <= kMaxGroup;
   }
-  static bool forward_converts_per_tile(const core::Problem& p, Tiles t) { return kConvert && few_query_blocks(p, t); }
+  static bool forward_converts_per_tile(const core::Problem& p, Tiles t) { return few_query_blocks(p, t); }
   static bool forward_copies_once(const core::Problem& p, Tiles t) {
     return copies_kv(p) && !few_query_blocks(p, t);
   }
@@ -145,7 +147,7 @@ struct MathF32 {
   // and only when the last query block has at most kFewRows rows (has_few_rows):
   //   kt    [D][BNp]    K^T of the key block
   //   s     [kFewRows][BNp] S of the block
-  // and only when half-precision K and V are converted per tile (forward_converts_per_tile):
+  // and only when K and V are converted or copied per tile (forward_converts_per_tile):
   //   kf [BN][Dp], vf [BN][Dvp]   the key block's K and V in f32
   struct ForwardScratch {
     int64_t bmp, bnp, dp, dvp;
@@ -178,7 +180,8 @@ struct MathF32 {
   class Forward {
    public:
     Forward(const ForwardJob& job, char* scratch)
-        : job_(job), p_(*job.p), t_(job.tiles), s_(p_, t_, scratch), copied_(forward_copies_once(p_, t_)) {}
+        : job_(job), p_(*job.p), t_(job.tiles), s_(p_, t_, scratch), copied_(forward_copies_once(p_, t_)),
+          per_tile_(forward_converts_per_tile(p_, t_)) {}
 
     // A query block: qt [D][BMp] = (Q rows)^T; rows from `rows` up to rp_ (rows rounded up to a vector
     // of kLanes) are zero, and nothing works beyond rp_ (a short block, e.g. Sq = 1 in decoding, takes
@@ -200,7 +203,7 @@ struct MathF32 {
         float* vf;
         k = converted(job_.shared, p_, t_.bn, (b * p_.heads_kv + hk) * job_.kv_blocks + j0 / t_.bn, &vf);
         v = vf;
-      } else if constexpr (kConvert) { // converted here (forward_converts_per_tile), once for the item's blocks
+      } else if (per_tile_) { // converted here (forward_converts_per_tile), once for the item's blocks
         Forward& owner = *kv_owner_;
         if (owner.kv_j0_ != j0) {
           convert(row_ptr<const T>(p_.k, b, hk, j0), p_.k.ss, d, row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, dv,
@@ -209,7 +212,7 @@ struct MathF32 {
         }
         k = owner.s_.kf;
         v = owner.s_.vf;
-      } else { // f32 in place
+      } else if constexpr (!kConvert) { // f32 in place
         k = row_ptr<const T>(p_.k, b, hk, j0);
         v = row_ptr<const T>(p_.v, b, hk, j0);
         ldk = p_.k.ss;
@@ -269,6 +272,7 @@ struct MathF32 {
     Tiles t_;
     ForwardScratch s_;
     bool copied_; // K and V were converted once per call (forward_copies_once)
+    bool per_tile_; // K and V are converted or copied per tile (forward_converts_per_tile)
     int64_t rows_ = 0, rp_ = 0;
     Forward* kv_owner_ = this; // whose kf, vf hold the converted key block (share_converted)
     int64_t kv_j0_ = -1;       // the first key of the block converted into this one's kf, vf
