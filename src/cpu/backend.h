@@ -12,8 +12,8 @@ int resolve_threads(const core::Problem& p);
 // FLASHBACK_NUM_THREADS (read once), else OpenMP's default.
 int default_threads();
 
-// The parts the forward cuts each query block's keys into (1: none; see backend.cpp), a function of
-// the problem's sizes and band only.
+// The parts the forward cuts each query block's keys into (1: none; see backend.cpp): a function of
+// the problem's sizes and band and of the running level's tiles, never of the thread count.
 int64_t forward_splits(const core::Problem& p);
 
 size_t forward_workspace_bytes(const core::Problem& p);
