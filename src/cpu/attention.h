@@ -20,10 +20,10 @@
 //
 // A Math policy provides: T (storage type), tiles(), *_scratch_bytes() (per thread), *_shared_bytes()
 // and *_prepare() (operands packed once per call, e.g. bf16 tiles; may be empty), dot(), store_row()
-// (an f32 row rounded to T), and the classes Forward {begin, add, finish (into T or f32 rows)} and Backward {begin, add,
-// add_dq, finish}; optionally Forward::share_converted() (blocks of an item read one worker's
-// per-tile operands), Backward::add_dq_sum() (several workers' add_dq in one product), thread_begin()
-// and thread_end() (KernelSet).
+// (an f32 row rounded to T), and the classes Forward {begin, add, finish (into T or f32 rows)} and
+// Backward {begin, add, add_dq, finish}; optionally Forward::share_converted() (blocks of an item read
+// one worker's per-tile operands), Backward::add_dq_sum() (several workers' add_dq in one product),
+// thread_begin() and thread_end() (KernelSet).
 //
 // Internal linkage on purpose (see blocks.h).
 #pragma once
