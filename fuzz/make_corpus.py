@@ -36,12 +36,14 @@ def head_dim(d):
 
 def c_api_seed(mode="forward_backward", dtype="f32", b=1, hq=2, group=1, sq=9, sk=11, d=8, dv=8, causal=False,
                left=None, right=None, scale_index=None, threads=1, reserved=0, grads=0x0F, layouts=None,
-               ws="library", ws_extra=0, values="moderate", seed=1, late=0):
+               ws="library", ws_extra=0, values="moderate", seed=1, late=0, sk_wild=None):
+    # sk_wild: Sk as an index into the harness's kWild (9, 10, 11: 1023, 1024, 1025 keys) instead of sk
     out = [MODES[mode] | DTYPES[dtype] << 2]
     out += small(b, 1, 2) + small(hq, 1, 4)
     divisors = [x for x in range(1, hq + 1) if hq % x == 0]
     out += [divisors.index(hq // group)]  # g % len(divisors) picks Hk; Hk = Hq / group
-    out += small(sq, 0, 100) + small(sk, 0, 100) + head_dim(d) + head_dim(dv)
+    out += small(sq, 0, 100) + ([250, sk_wild] if sk_wild is not None else small(sk, 0, 100))
+    out += head_dim(d) + head_dim(dv)
     p = (1 if causal else 0) | (2 if scale_index is not None else 0)
     extra = []
     for shift, w in ((2, left), (4, right)):
@@ -114,6 +116,11 @@ def c_api_seeds():
     # Found by the fuzzer at d9e251f: window sides of INT64_MAX with Sq > Sk overflowed the reference's
     # visibility test (tests/reference.cpp), which checks the library's results.
     seeds["window_int64_max"] = base64.b64decode("BQADAU7RAAAfGgAAJwAAAAAAAAAAAAAAAAABAABAAAAAAAAAAA==")
+    # 1025 keys against one block of 4 rows (decoding, swapped heads): the forward splits the keys into
+    # parts and combines them (cpu/backend.cpp: forward_splits), also under a causal mask on 2 threads.
+    seeds["split_keys_decoding"] = c_api_seed(hq=4, group=4, sq=1, sk_wild=11, d=8, dv=8)
+    seeds["split_keys_causal_threads"] = c_api_seed(hq=2, group=1, sq=3, sk_wild=11, d=5, dv=7, causal=True, threads=2,
+                                                    dtype="f16")
     seeds["scale_nan"] = c_api_seed(scale_index=7)
     seeds["scale_underflow"] = c_api_seed(scale_index=9)
     return seeds
