@@ -103,7 +103,7 @@ ForwardLayout forward_layout(const core::Problem& p, const KernelSet& ks) {
   l.shared = align_up(ks.forward_shared_bytes(p, l.tiles));
   if (l.splits > 1) {
     l.partial_rows = std::min(p.seqlen_q, l.tiles.bm);
-    l.partial_ld = (p.head_dim_v + 15) / 16 * 16;
+    l.partial_ld = ceil_div(p.head_dim_v, 16) * 16;
     const int64_t parts = p.batch * p.heads_q * ceil_div(p.seqlen_q, l.tiles.bm) * l.splits;
     l.partial = static_cast<size_t>(parts * ForwardJob::partial_floats(l.partial_rows, l.partial_ld)) * sizeof(float);
   }

@@ -50,6 +50,22 @@ inline Mask tile_mask(const core::Band& band, int64_t i0, int64_t j0) {
   return {static_cast<int32_t>(lo), static_cast<int32_t>(hi)};
 }
 
+// The part of a [rows][cols] tile under mask m where rows and keys meet: rows [r0, r1) see some key of
+// the tile, keys [k0, k1) are seen by some row (a causal diagonal tile, a window's edges leave the
+// rest masked for every row or key). at(r, k): the mask of the sub-tile that starts at row r, key k.
+struct VisibleSpan {
+  int64_t r0, r1, k0, k1;
+  static Mask at(const Mask& m, int64_t r, int64_t k) {
+    return {static_cast<int32_t>(m.lo + r - k), static_cast<int32_t>(m.hi + r - k)};
+  }
+};
+inline VisibleSpan visible_span(const Mask& m, int64_t rows, int64_t cols) {
+  // row r sees key c iff lo <= c - r <= hi: rows [-hi, cols - lo), then keys [r0 + lo, r1 - 1 + hi]
+  const int64_t r0 = clamp64(-int64_t{m.hi}, 0, rows), r1 = clamp64(cols - int64_t{m.lo}, r0, rows);
+  const int64_t k0 = clamp64(r0 + m.lo, 0, cols), k1 = clamp64(r1 + int64_t{m.hi}, k0, cols);
+  return {r0, r1, k0, k1};
+}
+
 // Carves 64-byte-aligned arrays out of a scratch block; with a null base it only measures.
 struct Carver {
   char* base;

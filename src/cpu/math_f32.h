@@ -224,12 +224,12 @@ struct MathF32 {
       // keys differently (rounding only).
       Mask trimmed;
       if (mask) {
-        const int64_t kb = clamp64(mask->lo, 0, cols), ke = clamp64(rows_ + int64_t{mask->hi}, kb, cols);
-        trimmed = {static_cast<int32_t>(mask->lo - kb), static_cast<int32_t>(mask->hi - kb)};
+        const VisibleSpan span = visible_span(*mask, rows_, cols);
+        trimmed = VisibleSpan::at(*mask, 0, span.k0); // every row stays: the softmax runs over all of them
         mask = &trimmed;
-        k += kb * ldk;
-        v += kb * ldv;
-        cols = ke - kb;
+        k += span.k0 * ldk;
+        v += span.k0 * ldv;
+        cols = span.k1 - span.k0;
       }
       // st [cols][rp_] (ld BMp) = K Q^T, then P^T = exp2((S^T - m) * scale * log2(e)). A block of
       // few rows takes S = Q K^T (Q(r, x) = qt[x][r]) and transposes it: each score is the same FMA
@@ -357,14 +357,14 @@ struct MathF32 {
       rb_ = kb_ = 0;
       kn_ = cols;
       if (mask) {
-        const int64_t rb = clamp64(-int64_t{mask->hi}, 0, rows), re = clamp64(cols - int64_t{mask->lo}, rb, rows);
-        kb_ = clamp64(rb + mask->lo, 0, cols);
-        kn_ = clamp64(re + int64_t{mask->hi}, kb_, cols) - kb_;
-        rb_ = rb;
-        rows = re - rb;
-        tile_mask_ = {static_cast<int32_t>(mask->lo + rb - kb_), static_cast<int32_t>(mask->hi + rb - kb_)};
-        q += rb * ldq;
-        dout += rb * lddo;
+        const VisibleSpan span = visible_span(*mask, rows, cols);
+        rb_ = span.r0;
+        kb_ = span.k0;
+        kn_ = span.k1 - span.k0;
+        rows = span.r1 - span.r0;
+        tile_mask_ = VisibleSpan::at(*mask, rb_, kb_);
+        q += rb_ * ldq;
+        dout += rb_ * lddo;
       }
       rows_ = rows;
       mask_ = mask ? &tile_mask_ : nullptr;
