@@ -56,6 +56,18 @@ Case split_keys() {
   return c;
 }
 
+// A long query side against two key blocks per kv head: the backward splits each key block's (query
+// head, query block) pairs into parts that the threads share (cpu/backend.cpp: backward_splits); a
+// window, so that the two key blocks see different query blocks.
+Case split_queries() {
+  Case c;
+  const flashback::cpu::Tiles b = fbtest::tiles_for(64, 64, true);
+  c.shape = {1, 4, 2, 6 * b.bm + 5, b.bn + 3, 64, 48};
+  c.opt.window_left = 3 * b.bm;
+  c.opt.window_right = 6 * b.bm;
+  return c;
+}
+
 // Many heads, grouped, with a window: the threads split heads and kv heads.
 Case many_heads() {
   Case c;
@@ -98,7 +110,8 @@ fbtest::Inputs inputs_for(const Case& c) {
 
 TEST_F(Api, CallerWorkspaceGivesTheSameBits) {
   for (const Case& c :
-       {long_sequence(true), many_heads(), decoding_bshd(), split_keys(), empty_sequences(0, 9), empty_sequences(9, 0)}) {
+       {long_sequence(true), many_heads(), decoding_bshd(), split_keys(), split_queries(), empty_sequences(0, 9),
+        empty_sequences(9, 0)}) {
     SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
     const fbtest::Inputs in = inputs_for(c);
     const Outputs library = run(c, in);
@@ -208,7 +221,9 @@ TEST_F(Api, DecodingHeadsSwappedGiveTheSameBits) {
 }
 
 TEST_F(Api, ThreadCountsGiveTheSameBits) {
-  for (Case c : {long_sequence(true), long_sequence(false), many_heads(), grouped_blocks(), split_keys()}) {
+  ASSERT_GT(fbtest::backward_splits_of(split_queries()), 1);
+  for (Case c :
+       {long_sequence(true), long_sequence(false), many_heads(), grouped_blocks(), split_keys(), split_queries()}) {
     SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
     const fbtest::Inputs in = inputs_for(c);
     c.threads = 1;

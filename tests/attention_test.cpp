@@ -316,6 +316,39 @@ TEST_P(Attention, SplitKeys) {
   check_cases(cases);
 }
 
+// --- Split queries ------------------------------------------------------------------------------------
+
+// Fewer than 16 key blocks against a long query side: the backward cuts each key block's (query head,
+// query block) pairs into parts of at least 4 pairs, up to 16 parts, and adds the parts' dK and dV
+// (cpu/backend.cpp: backward_splits). One key block against 41 query blocks (10 parts), uneven parts
+// (14 pairs in 3), parts that cut across the query heads of a group, a causal band (Sq = Sk: under
+// Sq > Sk only the last Sk rows see a key) whose key blocks see different query blocks, a window whose height sets the parts, two batches and kv
+// heads with odd head dims, one key, strided layouts. Each case is checked to split.
+TEST_P(Attention, SplitQueries) {
+  const flashback::cpu::Tiles b = tiles(64, 64, true);
+  std::vector<Case> cases = {
+      make_case(1, 1, 1, 40 * b.bm + 3, b.bn, 64, 64, kNoMask),
+      make_case(1, 1, 1, 13 * b.bm + 1, b.bn - 1, 64, 64, kNoMask),
+      make_case(1, 4, 1, 3 * b.bm + 7, b.bn + 1, 64, 64, kNoMask),
+      make_case(1, 2, 1, 5 * b.bm + 3, 5 * b.bm + 3, 80, 48, kCausal),
+      make_case(1, 1, 1, 12 * b.bm, b.bn + 7, 64, 64, window(5, 9 * b.bm)),
+      make_case(2, 4, 2, 5 * b.bm + 3, 20, 7, 9, kNoMask),
+      make_case(1, 2, 2, 8 * b.bm + 1, 1, 32, 32, kNoMask),
+  };
+  for (Layout l : {Layout::bshd, Layout::padded}) {
+    Case c = make_case(1, 2, 1, 4 * b.bm + 9, b.bn - 3, 64, 64, kNoMask);
+    c.layout(l);
+    if (l == Layout::padded) c.rows = l;
+    cases.push_back(c);
+  }
+  for (Case& c : cases) {
+    c.threads = 2;
+    c.dtype = GetParam();
+    ASSERT_GT(fbtest::backward_splits_of(c), 1) << c.describe();
+  }
+  check_cases(cases);
+}
+
 // --- Head dims ----------------------------------------------------------------------------------------
 
 TEST_P(Attention, HeadDims) {

@@ -107,9 +107,10 @@ void expect_near_reference(const Outputs& out, const Reference& r, double tol) {
 // the mask, one thread's work items take two key blocks each and add their dQ in one product, more
 // threads' items one key block (backend.cpp's group_for): the same bits either way. A third case
 // decodes against a long cache: the forward splits each row's keys into parts (forward_splits, a
-// function of the problem, not of the threads) that the threads share.
+// function of the problem, not of the threads) that the threads share. A fourth has a long query side
+// against two key blocks: the backward splits each key block's query blocks (backward_splits).
 TEST_F(Reliability, TwentyRunsOverThreadCountsGiveTheSameBits) {
-  for (fb_dtype dtype : kDtypes) for (int variant : {0, 1, 2}) {
+  for (fb_dtype dtype : kDtypes) for (int variant : {0, 1, 2, 3}) {
     const bool masked = variant == 0;
     const flashback::cpu::Tiles t = fbtest::tiles_for(40, 24, true, dtype);
     Case c = make_case(dtype, {1, 4, 2, t.bm + 17, 2 * t.bn + 9, 40, 24});
@@ -119,6 +120,10 @@ TEST_F(Reliability, TwentyRunsOverThreadCountsGiveTheSameBits) {
       c.shape.seqlen_q = 1;
       c.shape.seqlen_k = 12 * 8 * fbtest::tiles_for(40, 24, false, dtype).bn + 5;
       ASSERT_GT(fbtest::forward_splits_of(c), 1) << c.describe();
+    }
+    if (variant == 3) {
+      c.shape.seqlen_q = 6 * t.bm + 17;
+      ASSERT_GT(fbtest::backward_splits_of(c), 1) << c.describe();
     }
     SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
     const Inputs in = inputs_for(c);
@@ -523,12 +528,27 @@ Case split_poison_case(fb_dtype dtype) {
   return c;
 }
 
+// A long query side against two key blocks per kv head, with a window: the backward splits each key
+// block's query blocks and adds the parts' dK and dV (cpu/backend.cpp: backward_splits).
+Case split_queries_poison_case(fb_dtype dtype) {
+  const flashback::cpu::Tiles t = fbtest::tiles_for(16, 16, true, dtype);
+  Case c = make_case(dtype, {2, 4, 2, 6 * t.bm + 5, t.bn + 7, 16, 16});
+  c.opt.window_right = 6 * t.bm;
+  return c;
+}
+
+std::vector<Case> poison_cases(fb_dtype dtype) {
+  return {poison_case(dtype), split_poison_case(dtype), split_queries_poison_case(dtype)};
+}
+
+// The first and last rows of q and dout, the first and (up to the query side's last) keys of k and v.
 std::vector<Poison> poisons(const Case& c, double value) {
   std::vector<Poison> out;
   for (int64_t row : {int64_t{0}, c.shape.seqlen_q - 1}) {
+    const int64_t key = std::min(row, c.shape.seqlen_k - 1);
     out.push_back({"q", 0, 1, row, 3, value});
-    out.push_back({"k", 0, 0, row, 5, value});
-    out.push_back({"v", 0, 0, row, 2, value});
+    out.push_back({"k", 0, 0, key, 5, value});
+    out.push_back({"v", 0, 0, key, 2, value});
     out.push_back({"dout", 0, 1, row, 7, value});
   }
   return out;
@@ -539,9 +559,12 @@ std::vector<Poison> poisons(const Case& c, double value) {
 // the value it has without it: other rows, other keys, other heads, other batches), and a NaN is never
 // swallowed: some output that depends on it is NaN.
 TEST_F(Reliability, NonFiniteInputsAffectOnlyWhatDependsOnThem) {
-  for (fb_dtype dtype : kDtypes) for (const Case& c : {poison_case(dtype), split_poison_case(dtype)}) {
+  for (fb_dtype dtype : kDtypes) for (const Case& c : poison_cases(dtype)) {
     if (c.shape.seqlen_q == 3) {
       ASSERT_GT(fbtest::forward_splits_of(c), 1) << c.describe();
+    }
+    if (c.shape.seqlen_q > c.shape.seqlen_k) {
+      ASSERT_GT(fbtest::backward_splits_of(c), 1) << c.describe();
     }
     const Inputs clean_in = inputs_for(c);
     const Outputs clean = run(c, clean_in);

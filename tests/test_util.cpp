@@ -78,7 +78,9 @@ std::optional<std::string> isa_skip_reason() {
          "): the machine or the build lacks " + env;
 }
 
-int64_t forward_splits_of(const Case& c) {
+namespace {
+// The sizes and band of a case, as the library sees them (enough for the split counts).
+flashback::core::Problem sizes_of(const Case& c) {
   flashback::core::Problem p;
   p.dtype = static_cast<flashback::core::DType>(c.dtype);
   p.batch = c.shape.batch;
@@ -89,8 +91,12 @@ int64_t forward_splits_of(const Case& c) {
   p.head_dim = c.shape.head_dim;
   p.head_dim_v = c.shape.head_dim_v;
   p.band = flashback::core::make_band(p.seqlen_q, p.seqlen_k, c.opt.window_left, c.opt.causal ? 0 : c.opt.window_right);
-  return flashback::cpu::forward_splits(p);
+  return p;
 }
+} // namespace
+
+int64_t forward_splits_of(const Case& c) { return flashback::cpu::forward_splits(sizes_of(c)); }
+int64_t backward_splits_of(const Case& c) { return flashback::cpu::backward_splits(sizes_of(c)); }
 
 flashback::cpu::Tiles tiles_for(int64_t head_dim, int64_t head_dim_v, bool backward, fb_dtype dtype) {
   using namespace flashback::cpu;

@@ -190,6 +190,8 @@ struct Outputs {
 // The parts the forward of this process cuts each query block's keys into for case `c` (1: none;
 // cpu/backend.cpp: forward_splits), so that tests of split keys can check that they split.
 int64_t forward_splits_of(const Case& c);
+// The parts the backward cuts each key block's query blocks into (cpu/backend.cpp: backward_splits).
+int64_t backward_splits_of(const Case& c);
 
 // Random normal inputs in the case's layouts.
 Inputs make_inputs(const Case& c, std::mt19937_64& rng);

@@ -12,11 +12,14 @@
 //
 // Backward: per (batch, kv head, key block), accumulate dK and dV over every query head of the group
 // and every visible query block; a work item takes a few key blocks (BackwardJob::k_group) and gives
-// each query block to all of them in turn. dQ receives each key block's contribution in increasing
-// key-block order (dq_next), so the sums are the same bits for any thread count and schedule. Items
-// are claimed in increasing order and an item waits only for items of its kv head with lower key
-// blocks, which have lower numbers; the lowest item in progress never waits (the key blocks before
-// its own are done, or its own and already added), so this cannot deadlock.
+// each query block to all of them in turn. When there are too few key blocks to keep the threads busy
+// (one kv head against a short key side), each key block's (query head, query block) pairs are cut into
+// BackwardJob::splits consecutive parts: an item takes one part of one key block and writes f32 partial
+// dK and dV rows, and a last phase adds each key's parts in part order. dQ receives each key block's
+// contribution in increasing key-block order (dq_next), so the sums are the same bits for any thread
+// count and schedule. Items are claimed in increasing order and an item waits only for items of its kv
+// head with lower key blocks, which have lower numbers; the lowest item in progress never waits (the
+// key blocks before its own are done, or its own and already added), so this cannot deadlock.
 //
 // A Math policy provides: T (storage type), tiles(), *_scratch_bytes() (per thread), *_shared_bytes()
 // and *_prepare() (operands packed once per call, e.g. bf16 tiles; may be empty), dot(), store_row()
@@ -245,6 +248,7 @@ void add_dq_sum(Backward* w, int64_t n, float* dq, int64_t ld) {
 
 template <class Math>
 void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
+  using T = typename Math::T;
   using Backward = typename Math::Backward;
   const core::Problem& p = *job.p;
   const Tiles t = job.tiles;
@@ -254,6 +258,8 @@ void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
   // blocks each time it starts (up to a tenth of a causal backward, whose items get shorter). The
   // first groups (under a causal mask the longest) still come first.
   const int64_t heads = p.batch * p.heads_kv;
+  const int64_t part = item % job.splits; // the part of the key block's query blocks (splits = 1: all)
+  item /= job.splits;
   const int64_t bhk = item % heads, first_jb = item / heads * job.k_group;
   const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
   const int64_t blocks = min64(job.k_group, job.kv_blocks - first_jb);
@@ -275,42 +281,76 @@ void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
       imax = imax > ilast[g] ? imax : ilast[g];
     }
   }
-  for (int64_t h = hk * p.group(); h < (hk + 1) * p.group() && imin <= imax; ++h) {
-    for (int64_t ib = imin; ib <= imax; ++ib) {
-      const int64_t i0 = ib * t.bm, rows = min64(p.seqlen_q, i0 + t.bm) - i0;
-      // The key blocks that see this query block: gs .. gs + n - 1 (consecutive: the band's).
-      int64_t gs = -1, n = 0;
-      bool masked[kMaxGroup] = {};
-      for (int64_t g = 0; g < blocks; ++g) {
-        if (ib < ifirst[g] || ib > ilast[g]) continue;
-        const int64_t jb = first_jb + g, j0 = jb * t.bn, cols = min64(p.seqlen_k, j0 + t.bn) - j0;
-        const Mask mask = tile_mask(p.band, i0, j0);
-        masked[g] = !p.band.covers(i0, i0 + rows, j0, j0 + cols);
-        w[g].add(b, h, i0, rows, masked[g] ? &mask : nullptr);
-        if (gs < 0) gs = g;
-        ++n;
-      }
-      if (job.need_dq && n > 0) { // dq [rows][D] += dS K, in key-block order
-        int64_t* next = job.dq_next + (b * p.heads_q + h) * job.q_blocks + ib;
-        float* dq = job.dq_acc + b * job.dq_sb + h * job.dq_sh + i0 * job.dq_ss;
-        wait_turn(next, first_jb + gs);
-        for (int64_t g = gs, end = gs + n; g < end;) {
-          int64_t run = 1; // unmasked key blocks in a row go in one product where the tile math has one
-          while (!masked[g] && g + run < end && !masked[g + run]) ++run;
-          if (run > 1) {
-            add_dq_sum<Backward>(w + g, run, dq, job.dq_ss);
-          } else {
-            w[g].add_dq(dq, job.dq_ss);
-          }
-          g += run;
+  // The pairs (query head, query block) in order, x = (h - first head) * span + (ib - imin); this
+  // part's share: [part n / s, (part + 1) n / s) (split queries have one key block per item).
+  const int64_t span = imax - imin + 1, pairs = imin <= imax ? p.group() * span : 0;
+  const int64_t x_end = (part + 1) * pairs / job.splits;
+  for (int64_t x = part * pairs / job.splits; x < x_end; ++x) {
+    const int64_t h = hk * p.group() + x / span, ib = imin + x % span;
+    const int64_t i0 = ib * t.bm, rows = min64(p.seqlen_q, i0 + t.bm) - i0;
+    // The key blocks that see this query block: gs .. gs + n - 1 (consecutive: the band's).
+    int64_t gs = -1, n = 0;
+    bool masked[kMaxGroup] = {};
+    for (int64_t g = 0; g < blocks; ++g) {
+      if (ib < ifirst[g] || ib > ilast[g]) continue;
+      const int64_t jb = first_jb + g, j0 = jb * t.bn, cols = min64(p.seqlen_k, j0 + t.bn) - j0;
+      const Mask mask = tile_mask(p.band, i0, j0);
+      masked[g] = !p.band.covers(i0, i0 + rows, j0, j0 + cols);
+      w[g].add(b, h, i0, rows, masked[g] ? &mask : nullptr);
+      if (gs < 0) gs = g;
+      ++n;
+    }
+    if (job.need_dq && n > 0) { // dq [rows][D] += dS K, in key-block order
+      int64_t* next = job.dq_next + (b * p.heads_q + h) * job.q_blocks + ib;
+      float* dq = job.dq_acc + b * job.dq_sb + h * job.dq_sh + i0 * job.dq_ss;
+      wait_turn(next, first_jb + gs);
+      for (int64_t g = gs, end = gs + n; g < end;) {
+        int64_t run = 1; // unmasked key blocks in a row go in one product where the tile math has one
+        while (!masked[g] && g + run < end && !masked[g + run]) ++run;
+        if (run > 1) {
+          add_dq_sum<Backward>(w + g, run, dq, job.dq_ss);
+        } else {
+          w[g].add_dq(dq, job.dq_ss);
         }
-        pass_turn(next, first_jb + gs + n - 1);
+        g += run;
       }
+      pass_turn(next, first_jb + gs + n - 1);
     }
   }
+  // The key blocks' dK and dV rows: the caller's, or (split) this part's f32 partial rows.
   for (int64_t g = 0; g < blocks; ++g) {
-    const int64_t j0 = (first_jb + g) * t.bn;
-    w[g].finish(b, hk, j0, min64(p.seqlen_k, j0 + t.bn) - j0);
+    const int64_t jb = first_jb + g, j0 = jb * t.bn, cols = min64(p.seqlen_k, j0 + t.bn) - j0;
+    if (job.splits > 1) {
+      float* dk = job.partial_of(b, hk, jb, part);
+      float* dv = dk + job.partial_rows * job.partial_ldk;
+      w[g].finish(job.need_dk ? dk : nullptr, job.partial_ldk, job.need_dv ? dv : nullptr, job.partial_ldv, cols);
+    } else {
+      w[g].finish(job.need_dk ? row_ptr<T>(p.dk, b, hk, j0) : nullptr, p.dk.ss,
+                  job.need_dv ? row_ptr<T>(p.dv, b, hk, j0) : nullptr, p.dv.ss, cols);
+    }
+  }
+}
+
+// Rows [begin, end) of the flattened (batch, kv head, key) index, when the queries were split: dK and
+// dV of each key, the sum of its parts' f32 rows in part order, rounded to T once.
+template <class Math>
+void backward_combine(const BackwardJob& job, int64_t begin, int64_t end) {
+  using T = typename Math::T;
+  const core::Problem& p = *job.p;
+  float acc[core::kMaxHeadDim];
+  auto combine = [&](int64_t b, int64_t hk, int64_t j, int64_t offset, int64_t ld, int64_t n, const core::Strided4& out) {
+    const int64_t jb = j / job.tiles.bn, c = j % job.tiles.bn;
+    for (int64_t k = 0; k < job.splits; ++k) {
+      const float* src = job.partial_of(b, hk, jb, k) + offset + c * ld;
+      for (int64_t x = 0; x < n; ++x) acc[x] = k == 0 ? src[x] : acc[x] + src[x];
+    }
+    Math::store_row(acc, n, 1.0f, row_ptr<T>(out, b, hk, j));
+  };
+  for (int64_t row = begin; row < end; ++row) {
+    const int64_t bh = row / p.seqlen_k, j = row % p.seqlen_k;
+    const int64_t b = bh / p.heads_kv, hk = bh % p.heads_kv;
+    if (job.need_dk) combine(b, hk, j, 0, job.partial_ldk, p.head_dim, p.dk);
+    if (job.need_dv) combine(b, hk, j, job.partial_rows * job.partial_ldk, job.partial_ldv, p.head_dim_v, p.dv);
   }
 }
 
@@ -355,6 +395,7 @@ const KernelSet& kernel_set_of() {
       &Math::backward_prepare,
       &backward_rows<Math>,
       &backward_item<Math>,
+      &backward_combine<Math>,
       &backward_store_dq<Math>,
       thread_begin_of<Math>(),
       thread_end_of<Math>(),

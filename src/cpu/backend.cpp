@@ -80,6 +80,24 @@ int64_t splits_for(const core::Problem& p, Tiles t) {
   return std::max<int64_t>(1, parts);
 }
 
+// Split queries, the backward's counterpart: when there are fewer than kSplitPieces key blocks (one kv
+// head against a short key side, however long the query side), each key block's (query head, query
+// block) pairs are cut into parts of at least kSplitMinPairs pairs, enough parts to make about
+// kSplitPieces pieces of work. A function of the problem only, never of the thread count. The query
+// side counts the pairs of the key block that sees the most query blocks (G of them per query block).
+constexpr int64_t kSplitMinPairs = 4;
+int64_t backward_splits_for(const core::Problem& p, Tiles t) {
+  const int64_t kv_blocks = ceil_div(p.seqlen_k, t.bn), key_blocks = p.batch * p.heads_kv * kv_blocks;
+  if (key_blocks == 0 || key_blocks >= kSplitPieces) return 1;
+  int64_t most = 0; // fewer than kSplitPieces key blocks to look at
+  for (int64_t jb = 0; jb < kv_blocks; ++jb) {
+    int64_t first, last;
+    p.band.rows_of_keys(jb * t.bn, std::min(p.seqlen_k, (jb + 1) * t.bn), p.seqlen_q, &first, &last);
+    if (first <= last) most = std::max(most, last / t.bm - first / t.bm + 1);
+  }
+  return std::max<int64_t>(1, std::min(ceil_div(kSplitPieces, key_blocks), p.group() * most / kSplitMinPairs));
+}
+
 // Blocks per work item: up to kMaxGroup, so that the operands the blocks share (the keys and values of
 // a kv head in the forward; the queries, dO and dQ rows in the backward) are read from memory once per
 // group rather than once per block, while every thread still has at least 4 items to balance. A
@@ -111,21 +129,24 @@ ForwardLayout forward_layout(const core::Problem& p, const KernelSet& ks) {
 }
 
 // The backward's workspace, in order: per-thread scratch, delta and lse2 rows, the dQ turn counters,
-// (for half-precision dq only) an f32 dQ accumulator, and the operands packed once per call.
+// (for half-precision dq only) an f32 dQ accumulator, the operands packed once per call, then (split
+// queries only) the parts' f32 dK and dV rows.
 struct BackwardLayout {
   Tiles tiles;
   int threads = 1;
-  int64_t group = 1;
-  size_t block = 0, rows = 0, counters = 0, dq_acc = 0, shared = 0;
+  int64_t group = 1, splits = 1, partial_rows = 0, partial_ldk = 0, partial_ldv = 0;
+  size_t block = 0, rows = 0, counters = 0, dq_acc = 0, shared = 0, partial = 0;
   size_t scratch() const { return group * block; } // per thread
-  size_t total() const { return kAlign + threads * scratch() + 2 * rows + counters + dq_acc + shared; }
+  size_t total() const { return kAlign + threads * scratch() + 2 * rows + counters + dq_acc + shared + partial; }
 };
 
 BackwardLayout backward_layout(const core::Problem& p, const KernelSet& ks) {
   BackwardLayout l;
   l.tiles = ks.tiles(p, true);
-  l.group = group_for(p, l.tiles, backward_items);
-  l.threads = threads_for(p, backward_items(p, l.tiles, l.group));
+  l.splits = backward_splits_for(p, l.tiles);
+  auto items = [&](const core::Problem& q, Tiles t, int64_t group) { return backward_items(q, t, group) * l.splits; };
+  l.group = l.splits > 1 ? 1 : group_for(p, l.tiles, items); // a part's pairs take one key block
+  l.threads = threads_for(p, items(p, l.tiles, l.group));
   l.block = align_up(ks.backward_scratch_bytes(p, l.tiles));
   const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
   l.rows = align_up(static_cast<size_t>(rows) * sizeof(float));
@@ -134,6 +155,14 @@ BackwardLayout backward_layout(const core::Problem& p, const KernelSet& ks) {
     if (p.dtype != core::DType::f32) l.dq_acc = align_up(static_cast<size_t>(rows * p.head_dim) * sizeof(float));
   }
   l.shared = align_up(ks.backward_shared_bytes(p, l.tiles));
+  if (l.splits > 1 && (p.dk || p.dv)) {
+    l.partial_rows = std::min(p.seqlen_k, l.tiles.bn);
+    l.partial_ldk = ceil_div(p.head_dim, 16) * 16;
+    l.partial_ldv = ceil_div(p.head_dim_v, 16) * 16;
+    const int64_t parts = p.batch * p.heads_kv * ceil_div(p.seqlen_k, l.tiles.bn) * l.splits;
+    l.partial = static_cast<size_t>(parts * BackwardJob::partial_floats(l.partial_rows, l.partial_ldk, l.partial_ldv)) *
+                sizeof(float);
+  }
   return l;
 }
 
@@ -211,6 +240,7 @@ core::Problem swap_decoding_heads(const core::Problem& p) {
 }
 
 int64_t forward_splits(const core::Problem& p) { return splits_for(p, active_kernels(p).tiles(p, false)); }
+int64_t backward_splits(const core::Problem& p) { return backward_splits_for(p, active_kernels(p).tiles(p, true)); }
 
 size_t forward_workspace_bytes(const core::Problem& p) {
   const core::Problem s = swap_decoding_heads(p);
@@ -289,10 +319,16 @@ void backward(const core::Problem& p, void* workspace) {
   }
   at += l.dq_acc;
   job.shared = at;
+  at += l.shared;
+  job.splits = l.splits;
+  job.partial = reinterpret_cast<float*>(at);
+  job.partial_rows = l.partial_rows;
+  job.partial_ldk = l.partial_ldk;
+  job.partial_ldv = l.partial_ldv;
   const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
   job.k_group = l.group;
   job.block_scratch = l.block;
-  const int64_t items = backward_items(p, l.tiles, l.group);
+  const int64_t items = backward_items(p, l.tiles, l.group) * l.splits;
   const int64_t prepare_items = ks.backward_prepare_items(job);
   std::atomic<int64_t> next_prepare{0}, next{0};
   run_team(l.threads, [&](int tid, int nt) {
@@ -306,10 +342,14 @@ void backward(const core::Problem& p, void* workspace) {
     // Phase 2: key blocks, claimed in increasing order.
     char* mine = scratch + tid * l.scratch();
     claim_work_items(ks, next, items, [&](int64_t item) { ks.backward_item(job, item, mine); });
-    // Phase 3: half-precision dq, rounded once from its f32 total.
-    if (l.dq_acc) {
-      team_barrier(nt);
-      ks.backward_store_dq(job, mine_begin, mine_end);
+    // Phase 3: half-precision dq, rounded once from its f32 total; split queries' dK and dV, each key's
+    // parts added up (static row ranges).
+    const bool combine = job.splits > 1 && (job.need_dk || job.need_dv);
+    if (l.dq_acc || combine) team_barrier(nt);
+    if (l.dq_acc) ks.backward_store_dq(job, mine_begin, mine_end);
+    if (combine) {
+      const int64_t keys = p.batch * p.heads_kv * p.seqlen_k, per = ceil_div(keys, nt);
+      ks.backward_combine(job, std::min(keys, tid * per), std::min(keys, (tid + 1) * per));
     }
   });
 }

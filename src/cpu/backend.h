@@ -15,6 +15,8 @@ int default_threads();
 // The parts the forward cuts each query block's keys into (1: none; see backend.cpp): a function of
 // the problem's sizes and band and of the running level's tiles, never of the thread count.
 int64_t forward_splits(const core::Problem& p);
+// The parts the backward cuts each key block's query blocks into (likewise).
+int64_t backward_splits(const core::Problem& p);
 
 size_t forward_workspace_bytes(const core::Problem& p);
 size_t backward_workspace_bytes(const core::Problem& p);

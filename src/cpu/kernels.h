@@ -20,7 +20,8 @@ struct Tiles {
 // key blocks in the backward (BackwardJob::k_group).
 constexpr int64_t kMaxGroup = 4;
 
-// The most parts a forward cuts each query block's keys into (ForwardJob::splits).
+// The most parts a forward cuts each query block's keys into (ForwardJob::splits), and a backward each
+// key block's query blocks (BackwardJob::splits).
 constexpr int64_t kMaxSplits = 16;
 
 // Everything a forward work item needs; items are (batch, kv head, group of q_group query blocks of
@@ -48,8 +49,8 @@ struct ForwardJob {
   }
 };
 
-// Everything a backward work item needs; items are (batch, kv head, group of k_group key blocks),
-// claimed in increasing order (the dQ ordering relies on it).
+// Everything a backward work item needs; items are (batch, kv head, group of k_group key blocks, part
+// of the query blocks), claimed in increasing order (the dQ ordering relies on it).
 struct BackwardJob {
   const core::Problem* p = nullptr;
   Tiles tiles;
@@ -65,6 +66,19 @@ struct BackwardJob {
   float* dq_acc = nullptr;   // f32 dQ accumulator: the caller's dq when it is f32, else workspace
   int64_t dq_sb = 0, dq_sh = 0, dq_ss = 0;
   char* shared = nullptr;    // backward_shared_bytes, 64-byte aligned: operands packed once
+  // Split queries: the (query head, query block) pairs each key block sees, in `splits` parts (1: not
+  // split; then k_group = 1). Part k of a key block writes its f32 dK rows [partial_rows][partial_ldk]
+  // and then its dV rows [partial_rows][partial_ldv] at partial_of(b, hk, jb, k); backward_combine
+  // adds them up.
+  int64_t splits = 1;
+  float* partial = nullptr;
+  int64_t partial_rows = 0, partial_ldk = 0, partial_ldv = 0;
+  // Floats of one part of one key block (a multiple of 16: 64-byte aligned).
+  static int64_t partial_floats(int64_t rows, int64_t ldk, int64_t ldv) { return (rows * (ldk + ldv) + 15) / 16 * 16; }
+  float* partial_of(int64_t b, int64_t hk, int64_t jb, int64_t part) const {
+    const int64_t block = ((b * p->heads_kv + hk) * kv_blocks + jb) * splits + part;
+    return partial + block * partial_floats(partial_rows, partial_ldk, partial_ldv);
+  }
 };
 
 // Each pass runs in phases separated by barriers: prepare items (operands packed once per call, when
@@ -89,6 +103,8 @@ struct KernelSet {
   // Rows [begin, end) of the flattened (batch, head, query) index: delta, lse2, zeroed dQ accumulator.
   void (*backward_rows)(const BackwardJob& job, int64_t begin, int64_t end);
   void (*backward_item)(const BackwardJob& job, int64_t item, char* scratch);
+  // Rows [begin, end) of the flattened (batch, kv head, key) index: the parts of split queries combined.
+  void (*backward_combine)(const BackwardJob& job, int64_t begin, int64_t end);
   // Rows [begin, end): dq = dq_acc (converted) when the accumulator is not the caller's dq.
   void (*backward_store_dq)(const BackwardJob& job, int64_t begin, int64_t end);
 

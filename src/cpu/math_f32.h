@@ -400,10 +400,12 @@ struct MathF32 {
                       true, nullptr);
     }
 
-    void finish(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
+    // The key block's dK and dV rows (T, or f32 partial rows when the queries are split); null: not needed.
+    template <class U>
+    void finish(U* dk, int64_t lddk, U* dv, int64_t lddv, int64_t cols) {
       for (int64_t c = 0; c < cols; ++c) {
-        if (job_.need_dk) Micro::store_row(s_.dk + c * s_.dp, p_.head_dim, 1.0f, row_ptr<T>(p_.dk, b, hk, j0 + c));
-        if (job_.need_dv) Micro::store_row(s_.dv + c * s_.dvp, p_.head_dim_v, 1.0f, row_ptr<T>(p_.dv, b, hk, j0 + c));
+        if (dk) Micro::store_row(s_.dk + c * s_.dp, p_.head_dim, 1.0f, dk + c * lddk);
+        if (dv) Micro::store_row(s_.dv + c * s_.dvp, p_.head_dim_v, 1.0f, dv + c * lddv);
       }
     }
 
