@@ -36,13 +36,14 @@ def head_dim(d):
 
 def c_api_seed(mode="forward_backward", dtype="f32", b=1, hq=2, group=1, sq=9, sk=11, d=8, dv=8, causal=False,
                left=None, right=None, scale_index=None, threads=1, reserved=0, grads=0x0F, layouts=None,
-               ws="library", ws_extra=0, values="moderate", seed=1, late=0, sk_wild=None):
-    # sk_wild: Sk as an index into the harness's kWild (9, 10, 11: 1023, 1024, 1025 keys) instead of sk
+               ws="library", ws_extra=0, values="moderate", seed=1, late=0, sk_wild=None, sq_wild=None):
+    # sk_wild, sq_wild: Sk, Sq as an index into the harness's kWild (9, 10, 11: 1023, 1024, 1025) instead of sk, sq
     out = [MODES[mode] | DTYPES[dtype] << 2]
     out += small(b, 1, 2) + small(hq, 1, 4)
     divisors = [x for x in range(1, hq + 1) if hq % x == 0]
     out += [divisors.index(hq // group)]  # g % len(divisors) picks Hk; Hk = Hq / group
-    out += small(sq, 0, 100) + ([250, sk_wild] if sk_wild is not None else small(sk, 0, 100))
+    out += [250, sq_wild] if sq_wild is not None else small(sq, 0, 100)
+    out += [250, sk_wild] if sk_wild is not None else small(sk, 0, 100)
     out += head_dim(d) + head_dim(dv)
     p = (1 if causal else 0) | (2 if scale_index is not None else 0)
     extra = []
@@ -121,6 +122,12 @@ def c_api_seeds():
     seeds["split_keys_decoding"] = c_api_seed(hq=4, group=4, sq=1, sk_wild=11, d=8, dv=8)
     seeds["split_keys_causal_threads"] = c_api_seed(hq=2, group=1, sq=3, sk_wild=11, d=5, dv=7, causal=True, threads=2,
                                                     dtype="f16")
+    # 1025 query rows against one key block (and against two, under a window): the backward splits
+    # each key block's query blocks into parts and adds their dK and dV (cpu/backend.cpp:
+    # backward_splits), on 2 threads.
+    seeds["split_queries"] = c_api_seed(hq=2, group=2, sq_wild=11, sk=60, d=8, dv=6, threads=2)
+    seeds["split_queries_window_bf16"] = c_api_seed(hq=2, group=1, sq_wild=11, sk=99, d=7, dv=9, left=3, threads=2,
+                                                    dtype="bf16")
     seeds["scale_nan"] = c_api_seed(scale_index=7)
     seeds["scale_underflow"] = c_api_seed(scale_index=9)
     return seeds
