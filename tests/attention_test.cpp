@@ -323,7 +323,8 @@ TEST_P(Attention, SplitKeys) {
 // (cpu/backend.cpp: backward_splits). One key block against 41 query blocks (10 parts), uneven parts
 // (14 pairs in 3), parts that cut across the query heads of a group, a causal band (Sq = Sk: under
 // Sq > Sk only the last Sk rows see a key) whose key blocks see different query blocks, a window whose height sets the parts, two batches and kv
-// heads with odd head dims, one key, strided layouts. Each case is checked to split.
+// heads with odd head dims, one key, strided layouts, subsets of the gradients (the parts' dK and dV
+// rows without the other, or neither). Each case is checked to split.
 TEST_P(Attention, SplitQueries) {
   const flashback::cpu::Tiles b = tiles(64, 64, true);
   std::vector<Case> cases = {
@@ -339,6 +340,12 @@ TEST_P(Attention, SplitQueries) {
     Case c = make_case(1, 2, 1, 4 * b.bm + 9, b.bn - 3, 64, 64, kNoMask);
     c.layout(l);
     if (l == Layout::padded) c.rows = l;
+    cases.push_back(c);
+  }
+  for (int subset : {0, 1, 2}) { // without dv, without dk, dq alone
+    Case c = make_case(1, 2, 1, 5 * b.bm + 3, 5 * b.bm + 3, 32, 40, kCausal);
+    c.want_dv = subset == 1;
+    c.want_dk = subset == 0;
     cases.push_back(c);
   }
   for (Case& c : cases) {
