@@ -256,7 +256,8 @@ void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
   // which wait for each other's dQ turns, are B Hk apart, so the threads run different heads at once
   // rather than the next item of a head, which would wait for the one before it to reach its query
   // blocks each time it starts (up to a tenth of a causal backward, whose items get shorter). The
-  // first groups (under a causal mask the longest) still come first.
+  // first groups (under a causal mask the longest) still come first. With split queries, the parts
+  // of a key block are consecutive items: an item still waits only for lower key blocks.
   const int64_t heads = p.batch * p.heads_kv;
   const int64_t part = item % job.splits; // the part of the key block's query blocks (splits = 1: all)
   item /= job.splits;
