@@ -322,9 +322,10 @@ TEST_P(Attention, SplitKeys) {
 // query block) pairs into parts of at least 4 pairs, up to 16 parts, and adds the parts' dK and dV
 // (cpu/backend.cpp: backward_splits). One key block against 25 query blocks (6 parts), uneven parts
 // (14 pairs in 3), parts that cut across the query heads of a group, a causal band (Sq = Sk: under
-// Sq > Sk only the last Sk rows see a key) whose key blocks see different query blocks, a window whose height sets the parts, two batches and kv
-// heads with odd head dims, one key, strided layouts, subsets of the gradients (the parts' dK and dV
-// rows without the other, or neither). Each case is checked to split.
+// Sq > Sk only the last Sk rows see a key) whose key blocks see different query blocks, a window
+// whose height sets the parts, two batches and kv heads with odd head dims, one key, strided layouts,
+// subsets of the gradients (the parts' dK and dV rows without the other, or neither). Each case is
+// checked to split.
 TEST_P(Attention, SplitQueries) {
   const flashback::cpu::Tiles b = tiles(64, 64, true);
   std::vector<Case> cases = {

@@ -339,7 +339,8 @@ void backward_combine(const BackwardJob& job, int64_t begin, int64_t end) {
   using T = typename Math::T;
   const core::Problem& p = *job.p;
   float acc[core::kMaxHeadDim];
-  auto combine = [&](int64_t b, int64_t hk, int64_t j, int64_t offset, int64_t ld, int64_t n, const core::Strided4& out) {
+  auto combine = [&](int64_t b, int64_t hk, int64_t j, int64_t offset, int64_t ld, int64_t n,
+                     const core::Strided4& out) {
     const int64_t jb = j / job.tiles.bn, c = j % job.tiles.bn;
     for (int64_t k = 0; k < job.splits; ++k) {
       const float* src = job.partial_of(b, hk, jb, k) + offset + c * ld;

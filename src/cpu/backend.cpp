@@ -160,8 +160,8 @@ BackwardLayout backward_layout(const core::Problem& p, const KernelSet& ks) {
     l.partial_ldk = ceil_div(p.head_dim, 16) * 16;
     l.partial_ldv = ceil_div(p.head_dim_v, 16) * 16;
     const int64_t parts = p.batch * p.heads_kv * ceil_div(p.seqlen_k, l.tiles.bn) * l.splits;
-    l.partial = static_cast<size_t>(parts * BackwardJob::partial_floats(l.partial_rows, l.partial_ldk, l.partial_ldv)) *
-                sizeof(float);
+    const int64_t floats = parts * BackwardJob::partial_floats(l.partial_rows, l.partial_ldk, l.partial_ldv);
+    l.partial = static_cast<size_t>(floats) * sizeof(float);
   }
   return l;
 }
