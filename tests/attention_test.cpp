@@ -195,6 +195,26 @@ void check_cases(std::vector<Case> cases) {
   }
 }
 
+// `base` in each of `layouts`; the padded layout's lse and delta rows lie apart too.
+void add_layouts(std::vector<Case>& cases, Case base, std::initializer_list<Layout> layouts) {
+  for (Layout l : layouts) {
+    base.layout(l);
+    base.rows = l == Layout::padded ? l : Layout::bhsd;
+    cases.push_back(base);
+  }
+}
+
+// Cases of split keys or split queries, on 2 threads in the test's dtype, each asserted to split
+// (splits_of: fbtest::forward_splits_of or backward_splits_of) before any runs.
+void check_split_cases(std::vector<Case> cases, int64_t (*splits_of)(const Case&)) {
+  for (Case& c : cases) {
+    c.threads = 2;
+    c.dtype = Attention::GetParam();
+    ASSERT_GT(splits_of(c), 1) << c.describe();
+  }
+  check_cases(cases);
+}
+
 // --- Sequence lengths around the tiles ----------------------------------------------------------------
 
 // 1, t-1, t, t+1, two blocks, several blocks plus a remainder.
@@ -274,12 +294,7 @@ TEST_P(Attention, Decoding) {
       make_case(2, 8, 2, 1, sk, 64, 64, window(sk, 3)),
       make_case(2, 4, 1, 1, 1, 16, 16, kCausal),
   };
-  for (Layout l : {Layout::bshd, Layout::slice, Layout::padded}) {
-    Case c = make_case(2, 8, 2, 1, sk, 64, 64, kCausal);
-    c.layout(l);
-    if (l == Layout::padded) c.rows = l;
-    cases.push_back(c);
-  }
+  add_layouts(cases, make_case(2, 8, 2, 1, sk, 64, 64, kCausal), {Layout::bshd, Layout::slice, Layout::padded});
   for (Case& c : cases) c.threads = 2;
   check_cases(cases);
 }
@@ -302,18 +317,8 @@ TEST_P(Attention, SplitKeys) {
       make_case(1, 1, 1, 5, 20 * f.bn, 64, 64, window(16 * f.bn, 16 * f.bn)),
       make_case(1, 8, 2, 1, 8 * 8 * wide.bn + 9, 128, 128, kCausal),
   };
-  for (Layout l : {Layout::bshd, Layout::padded}) {
-    Case c = make_case(1, 4, 1, 1, 4 * 8 * f.bn + 3, 64, 64, kNoMask);
-    c.layout(l);
-    if (l == Layout::padded) c.rows = l;
-    cases.push_back(c);
-  }
-  for (Case& c : cases) {
-    c.threads = 2;
-    c.dtype = GetParam();
-    ASSERT_GT(fbtest::forward_splits_of(c), 1) << c.describe();
-  }
-  check_cases(cases);
+  add_layouts(cases, make_case(1, 4, 1, 1, 4 * 8 * f.bn + 3, 64, 64, kNoMask), {Layout::bshd, Layout::padded});
+  check_split_cases(cases, fbtest::forward_splits_of);
 }
 
 // --- Split queries ------------------------------------------------------------------------------------
@@ -337,24 +342,14 @@ TEST_P(Attention, SplitQueries) {
       make_case(2, 4, 2, 5 * b.bm + 3, 20, 7, 9, kNoMask),
       make_case(1, 2, 2, 8 * b.bm + 1, 1, 32, 32, kNoMask),
   };
-  for (Layout l : {Layout::bshd, Layout::padded}) {
-    Case c = make_case(1, 2, 1, 4 * b.bm + 9, b.bn - 3, 64, 64, kNoMask);
-    c.layout(l);
-    if (l == Layout::padded) c.rows = l;
-    cases.push_back(c);
-  }
+  add_layouts(cases, make_case(1, 2, 1, 4 * b.bm + 9, b.bn - 3, 64, 64, kNoMask), {Layout::bshd, Layout::padded});
   for (int subset : {0, 1, 2}) { // without dv, without dk, dq alone
     Case c = make_case(1, 2, 1, 5 * b.bm + 3, 5 * b.bm + 3, 32, 40, kCausal);
     c.want_dv = subset == 1;
     c.want_dk = subset == 0;
     cases.push_back(c);
   }
-  for (Case& c : cases) {
-    c.threads = 2;
-    c.dtype = GetParam();
-    ASSERT_GT(fbtest::backward_splits_of(c), 1) << c.describe();
-  }
-  check_cases(cases);
+  check_split_cases(cases, fbtest::backward_splits_of);
 }
 
 // --- Head dims ----------------------------------------------------------------------------------------
