@@ -179,6 +179,15 @@ void run_team(int threads, Body&& body) {
   body(omp_get_thread_num(), omp_get_num_threads());
 }
 
+// Thread tid's share [begin, end) of n rows split evenly over nt threads (the static row phases).
+struct RowShare {
+  int64_t begin, end;
+};
+RowShare row_share(int64_t n, int tid, int nt) {
+  const int64_t per = ceil_div(n, nt);
+  return {std::min(n, tid * per), std::min(n, (tid + 1) * per)};
+}
+
 void team_barrier(int threads) {
   if (threads > 1) {
 #pragma omp barrier
@@ -278,8 +287,8 @@ void forward(const core::Problem& problem, void* workspace) {
     claim_work_items(ks, next, items, [&](int64_t item) { ks.forward_item(job, item, mine); });
     if (job.splits > 1) { // the parts of each row combined (static row ranges)
       team_barrier(nt);
-      const int64_t chunk = ceil_div(rows, nt);
-      ks.forward_combine(job, std::min(rows, tid * chunk), std::min(rows, (tid + 1) * chunk));
+      const RowShare mine = row_share(rows, tid, nt);
+      ks.forward_combine(job, mine.begin, mine.end);
     }
   });
 }
@@ -334,9 +343,8 @@ void backward(const core::Problem& p, void* workspace) {
   run_team(l.threads, [&](int tid, int nt) {
     // Phase 1: delta = rowsum(dO * O), lse2, zeroed dQ accumulator (static row ranges); operands the
     // tile math packs once.
-    const int64_t chunk = ceil_div(rows, nt);
-    const int64_t mine_begin = std::min(rows, tid * chunk), mine_end = std::min(rows, (tid + 1) * chunk);
-    ks.backward_rows(job, mine_begin, mine_end);
+    const RowShare mine_rows = row_share(rows, tid, nt);
+    ks.backward_rows(job, mine_rows.begin, mine_rows.end);
     claim_items(next_prepare, prepare_items, [&](int64_t item) { ks.backward_prepare(job, item); });
     team_barrier(nt);
     // Phase 2: key blocks, claimed in increasing order.
@@ -346,10 +354,10 @@ void backward(const core::Problem& p, void* workspace) {
     // parts added up (static row ranges).
     const bool combine = job.splits > 1 && (job.need_dk || job.need_dv);
     if (l.dq_acc || combine) team_barrier(nt);
-    if (l.dq_acc) ks.backward_store_dq(job, mine_begin, mine_end);
+    if (l.dq_acc) ks.backward_store_dq(job, mine_rows.begin, mine_rows.end);
     if (combine) {
-      const int64_t keys = p.batch * p.heads_kv * p.seqlen_k, per = ceil_div(keys, nt);
-      ks.backward_combine(job, std::min(keys, tid * per), std::min(keys, (tid + 1) * per));
+      const RowShare mine_keys = row_share(p.batch * p.heads_kv * p.seqlen_k, tid, nt);
+      ks.backward_combine(job, mine_keys.begin, mine_keys.end);
     }
   });
 }
