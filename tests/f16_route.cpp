@@ -1,8 +1,9 @@
 // Not a test: the measurement behind README's f16 choice. f16 runs on the f32 kernels (inputs converted
 // to f32). The alternative is to round f16 inputs to bf16 and run the bf16 kernels (bf16 products on
-// AMX; FLASHBACK_AMX_EMULATION=1 runs them on emulated tiles where the CPU has AVX512_BF16 but no AMX). This prints, per case and output, the f16 accuracy bar (2 * max |naive - ref64| +
-// 1e-5 * max |ref64|, naive.h) and the error of each route against the float64 reference on the f16
-// inputs, as a multiple of that bar (> 1 fails it).
+// AMX; FLASHBACK_EMULATION=amx runs them on emulated tiles where the CPU has AVX2 but no AMX). This
+// prints, per case and output, the f16 accuracy bar (2 * max |naive - ref64| + 1e-5 * max |ref64|,
+// naive.h) and the error of each route against the float64 reference on the f16 inputs, as a
+// multiple of that bar (> 1 fails it).
 //
 //   f16_route                      at the best instruction set here (FLASHBACK_ISA caps it)
 //   FLASHBACK_TEST_SEED=<n> f16_route   the same inputs again

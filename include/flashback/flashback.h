@@ -139,8 +139,9 @@ FB_API const char* fb_status_name(fb_status status);
 FB_API const char* fb_version(void);
 
 /* The instruction-set level the CPU backend runs at on this machine: "amx", "avx512bf16", "avx512",
- * "avx2" or "scalar" ("amx-emulated" under FLASHBACK_AMX_EMULATION=1, for tests). The environment
- * variable FLASHBACK_ISA (read once) caps it. README lists which kernels each level runs per dtype. */
+ * "avx2" or "scalar"; "avx512-emulated" or "amx-emulated" under FLASHBACK_EMULATION, for tests. The
+ * environment variable FLASHBACK_ISA (read once) caps it. README lists which kernels each level runs
+ * per dtype. */
 FB_API const char* fb_cpu_isa(void);
 
 #ifdef __cplusplus

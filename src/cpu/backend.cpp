@@ -197,11 +197,20 @@ void team_barrier(int threads) {
 } // namespace
 
 const KernelSet& kernels_for(Isa isa, core::DType dtype) {
+  const Isa machine = machine_isa();
 #if defined(FLASHBACK_HAVE_AMX_KERNELS)
-  if (isa >= Isa::amx) return kernels_amx(dtype, amx_emulated());
+  // Real tiles, or emulated tiles over real AVX-512 (FLASHBACK_EMULATION=1 with AVX512_BF16).
+  if (isa >= Isa::amx && machine >= Isa::avx512bf16) return kernels_amx(dtype, machine < Isa::amx);
+#endif
+#if defined(FLASHBACK_HAVE_EMULATED_KERNELS)
+  // A level above the machine's (FLASHBACK_EMULATION=1): AVX-512 on pairs of AVX2 vectors, and the
+  // tiles in software for bf16 at the amx level.
+  if (isa > machine && isa >= Isa::avx512 && machine >= Isa::avx2 &&
+      (machine < Isa::avx512 || (isa >= Isa::amx && dtype == core::DType::bf16)))
+    return kernels_emulated(isa, dtype);
 #endif
 #if defined(FLASHBACK_HAVE_AVX512_KERNELS)
-  if (isa >= Isa::avx512) return kernels_avx512(dtype);
+  if (isa >= Isa::avx512 && machine >= Isa::avx512) return kernels_avx512(dtype);
 #endif
 #if defined(FLASHBACK_HAVE_AVX2_KERNELS)
   if (isa >= Isa::avx2) return kernels_avx2(dtype);

@@ -90,17 +90,24 @@ Isa machine_isa() {
 Isa machine_isa() { return Isa::scalar; }
 #endif
 
-bool amx_emulated() {
-  static const bool emulated = [] {
-    const char* env = std::getenv("FLASHBACK_AMX_EMULATION");
-    return env && std::strcmp(env, "1") == 0 && machine_isa() == Isa::avx512bf16;
+Isa emulated_level() {
+  static const Isa level = [] {
+    const char* env = std::getenv("FLASHBACK_EMULATION");
+    Isa wanted;
+    if (!env || !*env) return Isa::scalar;
+    if (!parse_isa(env, &wanted) || wanted < Isa::avx512) {
+      std::fprintf(stderr, "flashback: FLASHBACK_EMULATION=%s is not one of avx512, avx512bf16, amx; ignored\n", env);
+      return Isa::scalar;
+    }
+    const Isa machine = machine_isa();
+    return machine >= Isa::avx2 && machine < wanted ? wanted : Isa::scalar;
   }();
-  return emulated;
+  return level;
 }
 
 Isa active_isa() {
   static const Isa isa = [] {
-    Isa cap = amx_emulated() ? Isa::amx : machine_isa(), wanted;
+    Isa cap = emulated_level() != Isa::scalar ? emulated_level() : machine_isa(), wanted;
     const char* env = std::getenv("FLASHBACK_ISA");
     if (env && *env && !parse_isa(env, &wanted)) {
       // A typo must not silently test or benchmark another instruction set than the one asked for.
@@ -115,8 +122,12 @@ Isa active_isa() {
 }
 
 const char* active_isa_name() {
-  if (active_isa() == Isa::amx && amx_emulated()) return "amx-emulated";
-  return isa_name(active_isa());
+  if (active_isa() <= machine_isa()) return isa_name(active_isa());
+  switch (active_isa()) {
+    case Isa::avx512: return "avx512-emulated";
+    case Isa::avx512bf16: return "avx512bf16-emulated";
+    default: return "amx-emulated";
+  }
 }
 
 } // namespace flashback::cpu

@@ -17,14 +17,17 @@ bool parse_isa(const char* name, Isa* isa);
 
 // What this machine and OS support, ignoring FLASHBACK_ISA.
 Isa machine_isa();
-// machine_isa() capped by FLASHBACK_ISA; read once, on first use.
+// machine_isa(), or the emulated level above it, capped by FLASHBACK_ISA; read once, on first use.
 Isa active_isa();
 
-// FLASHBACK_AMX_EMULATION=1 on a machine with AVX512_BF16 but no AMX: the amx level runs the AMX
-// kernels on emulated tiles (the same code, tile instructions done in software; slow, for tests).
-bool amx_emulated();
-
-// The name of active_isa(), with "-emulated" when amx_emulated().
+// FLASHBACK_EMULATION=<level> (avx512, avx512bf16 or amx; for tests) on a machine with AVX2 below that
+// level: the levels above the machine's, up to <level>, run their kernels' code with software
+// stand-ins for what the machine lacks: AVX-512 vectors as pairs of AVX2 vectors (the same blocking,
+// tiles and masks as the real avx512 kernels), AMX tiles as arrays (the same packing, padding, edges
+// and per-thread configuration). Slow; the outputs are within the same tolerances but not the same
+// bits as on real hardware. FLASHBACK_ISA still caps the level.
+Isa emulated_level(); // <level> when the emulation is on, else scalar
+// The name of active_isa(), with "-emulated" when the machine lacks it.
 const char* active_isa_name();
 
 } // namespace flashback::cpu

@@ -119,7 +119,10 @@ struct KernelSet {
 const KernelSet& kernels_scalar(core::DType dtype);
 const KernelSet& kernels_avx2(core::DType dtype);
 const KernelSet& kernels_avx512(core::DType dtype);
-const KernelSet& kernels_amx(core::DType dtype, bool emulated); // AMX tiles for bf16, else avx512's
+// AMX tiles (real, or emulated over real AVX-512) for bf16, else avx512's.
+const KernelSet& kernels_amx(core::DType dtype, bool emulated);
+// The avx512 (isa avx512 or avx512bf16) or amx level on AVX2 alone (FLASHBACK_EMULATION=1, cpu/isa.h).
+const KernelSet& kernels_emulated(Isa isa, core::DType dtype);
 
 // The kernel set for an instruction set this build has (falls back to the best one at or below it).
 const KernelSet& kernels_for(Isa isa, core::DType dtype);

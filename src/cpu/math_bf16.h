@@ -28,8 +28,6 @@
 #pragma once
 
 #include "cpu/attention.h"
-#include "cpu/avx512/pack_bf16.h"
-#include "cpu/avx512/v512.h"
 #include "cpu/blocks.h"
 #include "cpu/micro_f32.h"
 
@@ -39,7 +37,10 @@ namespace {
 template <class BMicro>
 struct MathBf16 {
   using T = bf16;
-  using F = MicroF32<V512>; // f32 helpers: probs, dscores, dot
+  using V = typename BMicro::V;       // 16-lane f32 vectors (V512, or its emulation)
+  using Pack = typename BMicro::Pack; // the operand packing (avx512/pack_bf16.h, or its emulation)
+  using F = MicroF32<V>;              // f32 helpers: probs, dscores, dot
+  static_assert(V::lanes == 16);
   static constexpr Isa isa = BMicro::isa;
   static constexpr int64_t kK = BMicro::kK;
 
@@ -85,8 +86,8 @@ struct MathBf16 {
     const T* vsrc = row_ptr<const T>(p.v, k.b, k.head, k.first);
     bf16* ktb = kv_block(job, z, k.b, k.head, k.block);
     bf16* vb = ktb + round_up(z.dk / 2 * 2 * z.bnp, 32);
-    PackBf16::vnni_t(ksrc, p.k.ss, k.rows, p.head_dim, ktb, 2 * z.bnp, z.dk, z.bnp);
-    PackBf16::vnni(vsrc, p.v.ss, k.rows, p.head_dim_v, vb, 2 * z.dvn, z.bnk, z.dvn);
+    Pack::vnni_t(ksrc, p.k.ss, k.rows, p.head_dim, ktb, 2 * z.bnp, z.dk, z.bnp);
+    Pack::vnni(vsrc, p.v.ss, k.rows, p.head_dim_v, vb, 2 * z.dvn, z.bnk, z.dvn);
   }
 
   // Per-thread scratch of the forward: qa [BMp][Dk] bf16, s [BMp][BNp] f32, pa, pa_lo [BMp][BNk] bf16
@@ -116,7 +117,7 @@ struct MathBf16 {
     Forward(const ForwardJob& job, char* scratch) : job_(job), p_(*job.p), s_(p_, job.tiles, scratch) {}
 
     void begin(int64_t b, int64_t h, int64_t i0, int64_t rows) {
-      PackBf16::rows(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, s_.qa, s_.z.dk, s_.z.bmp);
+      Pack::rows(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, s_.qa, s_.z.dk, s_.z.bmp);
       fill(s_.m, s_.z.bmp, -kInf);
       fill(s_.l, s_.z.bmp, 0.0f);
       rows_ = rows;
@@ -156,34 +157,35 @@ struct MathBf16 {
     // mask in f32 over s as well. A row that has seen no visible key yet keeps m = -inf and gets P = 0.
     void softmax_rows(int64_t cols, const Mask* mask) {
       const Dims& z = s_.z;
-      const __m512 mul = _mm512_set1_ps(log2_scale(p_)), neg_inf = _mm512_set1_ps(-kInf);
+      const typename V::reg mul = V::set1(log2_scale(p_)), neg_inf = V::set1(-kInf);
       for (int64_t r = 0; r < rows_; ++r) {
         const float* srow = s_.s + r * z.bnp;
+        // Lanes c0 + i < cols that the mask lets row r see: -inf elsewhere.
+        const int32_t lo = mask ? mask->lo : INT32_MIN;
+        const int32_t hi = static_cast<int32_t>(mask ? min64(mask->hi, cols - 1 - r) : cols - 1 - r);
         auto logits = [&](int64_t c0) {
-          const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(PackBf16::first16(cols - c0), srow + c0), mul);
-          const __mmask16 in = PackBf16::first16(cols - c0) &
-                               (mask ? V512::in_band(static_cast<int32_t>(c0 - r), 1, mask->lo, mask->hi) : 0xFFFF);
-          return _mm512_mask_blend_ps(in, neg_inf, x);
+          const typename V::reg x = V::mul(V::load(srow + c0, static_cast<int>(min64(16, cols - c0))), mul);
+          return V::select(V::in_band(static_cast<int32_t>(c0 - r), 1, lo, hi), x, neg_inf);
         };
-        __m512 mx = neg_inf;
-        for (int64_t c0 = 0; c0 < cols; c0 += 16) mx = _mm512_max_ps(mx, logits(c0));
+        typename V::reg mx = neg_inf;
+        for (int64_t c0 = 0; c0 < cols; c0 += 16) mx = V::max(mx, logits(c0));
         const float m_old = s_.m[r];
-        const float row_max = _mm512_reduce_max_ps(mx);
+        const float row_max = V::reduce_max(mx);
         const float m_new = row_max > m_old ? row_max : m_old;
         const float ref = m_new == -kInf ? 0.0f : m_new;
-        const __m512 vref = _mm512_set1_ps(ref);
-        __m512 sum = _mm512_setzero_ps();
+        const typename V::reg vref = V::set1(ref);
+        typename V::reg sum = V::zero();
         for (int64_t c0 = 0; c0 < z.bnk; c0 += 16) {
-          const __m512 pr = c0 < cols ? V512::exp2(_mm512_sub_ps(logits(c0), vref)) : _mm512_setzero_ps();
-          sum = _mm512_add_ps(sum, pr);
-          if (mask)
-            _mm512_mask_storeu_ps(s_.s + r * z.bnp + c0, PackBf16::first16(z.bnp - c0), pr);
-          else
-            PackBf16::split(pr, s_.pa + r * z.bnk + c0, s_.pa_lo + r * z.bnk + c0, z.bnk - c0);
+          const typename V::reg pr = c0 < cols ? V::exp2(V::sub(logits(c0), vref)) : V::zero();
+          sum = V::add(sum, pr);
+          if (mask && c0 < z.bnp)
+            V::store(s_.s + r * z.bnp + c0, pr, static_cast<int>(min64(16, z.bnp - c0)));
+          else if (!mask)
+            Pack::split(pr, s_.pa + r * z.bnk + c0, s_.pa_lo + r * z.bnk + c0, z.bnk - c0);
         }
-        const float alpha = V512::exp2(_mm512_set1_ps(m_old - ref))[0];
+        const float alpha = V::first(V::exp2(V::set1(m_old - ref)));
         s_.alpha[r] = alpha;
-        s_.l[r] = s_.l[r] * alpha + _mm512_reduce_add_ps(sum);
+        s_.l[r] = s_.l[r] * alpha + V::reduce_add(sum);
         s_.m[r] = m_new;
       }
     }
@@ -223,10 +225,10 @@ struct MathBf16 {
     const QBlock q = q_block(job, z, r.b * p.heads_q + r.head, r.block);
     const T* qsrc = row_ptr<const T>(p.q, r.b, r.head, r.first);
     const T* dsrc = row_ptr<const T>(p.dout, r.b, r.head, r.first);
-    PackBf16::rows(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qa), z.dk, z.bmp);
-    PackBf16::vnni(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qb), 2 * z.dn, z.bmk, z.dn);
-    PackBf16::rows(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.doa), z.dvk, z.bmp);
-    PackBf16::vnni(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.dob), 2 * z.dvn, z.bmk, z.dvn);
+    Pack::rows(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qa), z.dk, z.bmp);
+    Pack::vnni(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qb), 2 * z.dn, z.bmk, z.dn);
+    Pack::rows(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.doa), z.dvk, z.bmp);
+    Pack::vnni(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.dob), 2 * z.dvn, z.bmk, z.dvn);
   }
 
   // Per-thread scratch of the backward:
@@ -275,9 +277,9 @@ struct MathBf16 {
       k_ = k;
       kf_ready_ = false;
       need_ds_ = job_.need_dk || job_.need_dq;
-      PackBf16::vnni_t(k, p_.k.ss, cols, p_.head_dim, s_.ktb, 2 * z.bnp, z.dk, z.bnp);
-      if (need_ds_) PackBf16::vnni_t(v, p_.v.ss, cols, p_.head_dim_v, s_.vtb, 2 * z.bnp, z.dvk, z.bnp);
-      if (job_.need_dq) PackBf16::vnni(k, p_.k.ss, cols, p_.head_dim, s_.kb, 2 * z.dn, z.bnk, z.dn);
+      Pack::vnni_t(k, p_.k.ss, cols, p_.head_dim, s_.ktb, 2 * z.bnp, z.dk, z.bnp);
+      if (need_ds_) Pack::vnni_t(v, p_.v.ss, cols, p_.head_dim_v, s_.vtb, 2 * z.bnp, z.dvk, z.bnp);
+      if (job_.need_dq) Pack::vnni(k, p_.k.ss, cols, p_.head_dim, s_.kb, 2 * z.dn, z.bnk, z.dn);
       if (job_.need_dk) fill(s_.dk, cols * z.dn, 0.0f);
       if (job_.need_dv) fill(s_.dv, cols * z.dvn, 0.0f);
     }
@@ -302,7 +304,7 @@ struct MathBf16 {
           F::gemm_banded(cols, p_.head_dim_v, rows, s_.s, 1, z.bnp, s_.dof, z.dvn, s_.dv, z.dvn, true, nullptr,
                          -mask->hi, -mask->lo);
         } else {
-          PackBf16::split_f32_t(s_.s, z.bnp, rows, cols, s_.pta, s_.pta_lo, z.bmk, z.bnp);
+          Pack::split_f32_t(s_.s, z.bnp, rows, cols, s_.pta, s_.pta_lo, z.bmk, z.bnp);
           BMicro::gemm(cols, p_.head_dim_v, rk, s_.pta, s_.pta_lo, z.bmk, q.dob, 2 * z.dvn, s_.dv, z.dvn, true,
                        nullptr);
         }
@@ -318,11 +320,11 @@ struct MathBf16 {
           F::gemm_banded(cols, p_.head_dim, rows, s_.dp, 1, z.bnp, s_.qf, z.dn, s_.dk, z.dn, true, nullptr, -mask->hi,
                          -mask->lo);
         } else {
-          PackBf16::split_f32_t(s_.dp, z.bnp, rows, cols, s_.dsta, s_.dsta_lo, z.bmk, z.bnp);
+          Pack::split_f32_t(s_.dp, z.bnp, rows, cols, s_.dsta, s_.dsta_lo, z.bmk, z.bnp);
           BMicro::gemm(cols, p_.head_dim, rk, s_.dsta, s_.dsta_lo, z.bmk, q.qb, 2 * z.dn, s_.dk, z.dn, true, nullptr);
         }
       }
-      if (job_.need_dq && !masked_) PackBf16::split_f32(s_.dp, z.bnp, rows, cols, s_.dsa, s_.dsa_lo, z.bnk, z.bmp);
+      if (job_.need_dq && !masked_) Pack::split_f32(s_.dp, z.bnp, rows, cols, s_.dsa, s_.dsa_lo, z.bnk, z.bmp);
     }
 
     // dq [rows][D] += dS K for the last add() (masked: in f32, each row over the keys it sees).

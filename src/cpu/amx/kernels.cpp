@@ -4,16 +4,13 @@
 // AMX-TILE/AMX-BF16 flags only; chosen at run time (cpu/isa.cpp), which also asks Linux for the tile
 // state (arch_prctl ARCH_REQ_XCOMP_PERM).
 //
-// The microkernel is written over a tile-operations policy: RealTiles issues the AMX instructions;
-// EmulatedTiles does the same arithmetic on arrays, so that the AMX code path (blocking, padding,
-// edges, configuration) is exercised and tested on machines without AMX (FLASHBACK_AMX_EMULATION=1;
-// slow: for tests only).
+// The microkernel (amx/amx_micro.h) is written over a tile-operations policy: RealTiles, here, issues
+// the AMX instructions; EmulatedTiles does the same arithmetic on arrays, so that the AMX code path is
+// tested on machines with AVX512_BF16 but no AMX (FLASHBACK_EMULATION=1; slow: for tests only).
 #include <immintrin.h>
 
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-
+#include "cpu/amx/amx_micro.h"
+#include "cpu/avx512/pack_bf16.h"
 #include "cpu/avx512/v512.h"
 #include "cpu/math_bf16.h"
 #include "cpu/tiles.h"
@@ -86,166 +83,12 @@ struct RealTiles {
   }
 };
 
-// TDPBF16PS in software, per the Intel SDM: for each element, the two products of a pair are added
-// to the f32 accumulator in order (bf16 products are exact in f32). Like the hardware, which raises
-// #UD for a tile instruction without a loaded configuration, it stops the program when a tile is used
-// outside begin() / end(): the tests then show that every GEMM runs inside a thread's configuration.
-struct EmulatedTiles {
-  struct Regs {
-    alignas(64) uint8_t t[8][16][64];
-    bool configured = false;
-  };
-  static Regs& regs() {
-    static thread_local Regs r;
-    return r;
-  }
-  static Regs& configured_regs() {
-    Regs& g = regs();
-    if (!g.configured) {
-      std::fputs("flashback: AMX tile used without a tile configuration on this thread\n", stderr);
-      std::abort();
-    }
-    return g;
-  }
-  static void begin() {
-    std::memset(regs().t, 0, sizeof regs().t); // LDTILECFG zeroes every tile
-    regs().configured = true;
-  }
-  static void end() { regs().configured = false; }
-  template <int t>
-  static void load(const void* p, int64_t stride) {
-    Regs& g = configured_regs();
-    for (int r = 0; r < 16; ++r) std::memcpy(g.t[t][r], static_cast<const char*>(p) + r * stride, 64);
-  }
-  template <int t>
-  static void store(void* p, int64_t stride) {
-    Regs& g = configured_regs();
-    for (int r = 0; r < 16; ++r) std::memcpy(static_cast<char*>(p) + r * stride, g.t[t][r], 64);
-  }
-  template <int t>
-  static void zero() {
-    Regs& g = configured_regs();
-    std::memset(g.t[t], 0, sizeof g.t[t]);
-  }
-  template <int c, int a, int b>
-  static void dot() {
-    Regs& g = configured_regs();
-    for (int m = 0; m < 16; ++m)
-      for (int n = 0; n < 16; ++n) {
-        float acc;
-        std::memcpy(&acc, &g.t[c][m][4 * n], 4);
-        for (int w = 0; w < 16; ++w) {
-          bf16 a0, a1, b0, b1;
-          std::memcpy(&a0, &g.t[a][m][4 * w], 2);
-          std::memcpy(&a1, &g.t[a][m][4 * w + 2], 2);
-          std::memcpy(&b0, &g.t[b][w][4 * n], 2);
-          std::memcpy(&b1, &g.t[b][w][4 * n + 2], 2);
-          acc += to_float(a0) * to_float(b0);
-          acc += to_float(a1) * to_float(b1);
-        }
-        std::memcpy(&g.t[c][m][4 * n], &acc, 4);
-      }
-  }
-};
-
-template <class TileOps>
-struct AmxMicro {
-  static constexpr Isa isa = Isa::amx;
-  static constexpr int64_t kK = 32; // one tile of A holds 32 k
-
-  static Tiles tiles(const core::Problem& p, bool backward) {
-    return choose_tiles(isa, p.head_dim, p.head_dim_v, backward);
-  }
-  // The tile configuration of a thread's work items: gemm runs only between the two.
-  static void begin() { TileOps::begin(); }
-  static void end() { TileOps::end(); }
-
-  // A 16 x 16 block of C at (r0, c0): in place when it lies inside [m][n], else through `edge`.
-  struct Block {
-    float* ptr;
-    int64_t stride;
-    int rows, cols;
-  };
-  static Block block(float* c, int64_t ldc, int64_t m, int64_t n, int64_t r0, int64_t c0, float* edge) {
-    const int rows = static_cast<int>(min64(16, m - r0)), cols = static_cast<int>(min64(16, n - c0));
-    if (rows == 16 && cols == 16) return {c + r0 * ldc + c0, ldc * 4, 16, 16};
-    return {edge, 64, rows, cols};
-  }
-
-  template <int t>
-  static void load_c(const Block& blk, const float* c, int64_t ldc, bool acc) {
-    if (!acc) {
-      TileOps::template zero<t>();
-      return;
-    }
-    if (blk.rows < 16 || blk.cols < 16) {
-      std::memset(blk.ptr, 0, 16 * 64);
-      for (int r = 0; r < blk.rows; ++r) std::memcpy(blk.ptr + r * 16, c + r * ldc, blk.cols * sizeof(float));
-    }
-    TileOps::template load<t>(blk.ptr, blk.stride);
-  }
-
-  template <int t>
-  static void store_c(const Block& blk, float* c, int64_t ldc) {
-    TileOps::template store<t>(blk.ptr, blk.stride);
-    if (blk.rows < 16 || blk.cols < 16)
-      for (int r = 0; r < blk.rows; ++r) std::memcpy(c + r * ldc, blk.ptr + r * 16, blk.cols * sizeof(float));
-  }
-
-  // C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) B; A, A_lo bf16 [>= round_up(m, 16)][kk] (lda),
-  // B VNNI [kk/2][ldb] with >= round_up(n, 16) columns, kk a multiple of 32.
-  // Blocks of 32 x 32 of C in four tiles (0-3), A in tiles 4-5, B in tiles 6-7; an edge block of C
-  // goes through a 16 x 16 buffer so nothing outside [m][n] is read or written. Between begin() and
-  // end() of the calling thread.
-  static void gemm(int64_t m, int64_t n, int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda, const bf16* b,
-                   int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale) {
-    if (acc && row_scale)
-      for (int64_t r = 0; r < m; ++r)
-        for (int64_t x = 0; x < n; x += 16) {
-          const __mmask16 in = V512::first_lanes(static_cast<int>(min64(16, n - x)));
-          float* p = c + r * ldc + x;
-          _mm512_mask_storeu_ps(p, in, _mm512_mul_ps(_mm512_maskz_loadu_ps(in, p), _mm512_set1_ps(row_scale[r])));
-        }
-    alignas(64) float edge[4][16 * 16];
-    for (int64_t r0 = 0; r0 < m; r0 += 32)
-      for (int64_t c0 = 0; c0 < n; c0 += 32) {
-        const bool two_rows = r0 + 16 < m, two_cols = c0 + 16 < n;
-        const Block c00 = block(c, ldc, m, n, r0, c0, edge[0]);
-        const Block c01 = block(c, ldc, m, n, r0, c0 + 16, edge[1]);
-        const Block c10 = block(c, ldc, m, n, r0 + 16, c0, edge[2]);
-        const Block c11 = block(c, ldc, m, n, r0 + 16, c0 + 16, edge[3]);
-        load_c<0>(c00, c + r0 * ldc + c0, ldc, acc);
-        if (two_cols) load_c<1>(c01, c + r0 * ldc + c0 + 16, ldc, acc);
-        if (two_rows) load_c<2>(c10, c + (r0 + 16) * ldc + c0, ldc, acc);
-        if (two_rows && two_cols) load_c<3>(c11, c + (r0 + 16) * ldc + c0 + 16, ldc, acc);
-        for (int64_t k0 = 0; k0 < kk; k0 += 32) {
-          TileOps::template load<6>(b + (k0 / 2) * ldb + 2 * c0, ldb * 2);
-          if (two_cols) TileOps::template load<7>(b + (k0 / 2) * ldb + 2 * (c0 + 16), ldb * 2);
-          const bf16* const parts[2] = {a, a_lo};
-          for (const bf16* src : parts) {
-            if (!src) continue;
-            TileOps::template load<4>(src + r0 * lda + k0, lda * 2);
-            if (two_rows) TileOps::template load<5>(src + (r0 + 16) * lda + k0, lda * 2);
-            TileOps::template dot<0, 4, 6>();
-            if (two_cols) TileOps::template dot<1, 4, 7>();
-            if (two_rows) TileOps::template dot<2, 5, 6>();
-            if (two_rows && two_cols) TileOps::template dot<3, 5, 7>();
-          }
-        }
-        store_c<0>(c00, c + r0 * ldc + c0, ldc);
-        if (two_cols) store_c<1>(c01, c + r0 * ldc + c0 + 16, ldc);
-        if (two_rows) store_c<2>(c10, c + (r0 + 16) * ldc + c0, ldc);
-        if (two_rows && two_cols) store_c<3>(c11, c + (r0 + 16) * ldc + c0 + 16, ldc);
-      }
-  }
-};
-
 } // namespace
 
 const KernelSet& kernels_amx(core::DType dtype, bool emulated) {
   if (dtype != core::DType::bf16) return kernels_avx512(dtype);
-  if (emulated) return kernel_set_of<MathBf16<AmxMicro<EmulatedTiles>>>();
-  return kernel_set_of<MathBf16<AmxMicro<RealTiles>>>();
+  if (emulated) return kernel_set_of<MathBf16<AmxMicro<EmulatedTiles, V512, PackBf16>>>();
+  return kernel_set_of<MathBf16<AmxMicro<RealTiles, V512, PackBf16>>>();
 }
 
 } // namespace flashback::cpu

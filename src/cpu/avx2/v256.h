@@ -100,6 +100,13 @@ struct V256 {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
+  static float reduce_max(reg x) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static float first(reg x) { return _mm256_cvtss_f32(x); }
 
   // Lanes i with lo <= base + step * i <= hi.
   static mask in_band(int32_t base, int32_t step, int32_t lo, int32_t hi) {

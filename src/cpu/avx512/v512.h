@@ -6,20 +6,16 @@
 
 #include <cstdint>
 
+#include "cpu/avx512/shape.h"
 #include "cpu/exp2_poly.h"
 #include "cpu/half.h"
 
 namespace flashback::cpu {
 namespace {
 
-struct V512 {
+struct V512 : V512Shape {
   using reg = __m512;
   using mask = __mmask16;
-  static constexpr int lanes = 16;
-  static constexpr int kRegisters = 32;
-  // 6 x 4 zmm of C: 24 accumulators cover 2 FMA ports x 4 cycles of latency three times over, and
-  // a row of B (4 loads) plus 6 broadcasts per k stay well under the 2 loads per cycle.
-  static constexpr int kMR = 6, kNV = 4;
 
   static reg zero() { return _mm512_setzero_ps(); }
   static reg set1(float x) { return _mm512_set1_ps(x); }
@@ -63,6 +59,8 @@ struct V512 {
   static mask equal(reg a, reg b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
   static reg select(mask m, reg yes, reg no) { return _mm512_mask_blend_ps(m, no, yes); }
   static float reduce_add(reg x) { return _mm512_reduce_add_ps(x); }
+  static float reduce_max(reg x) { return _mm512_reduce_max_ps(x); }
+  static float first(reg x) { return _mm512_cvtss_f32(x); }
 
   // Lanes i with lo <= base + step * i <= hi.
   static mask in_band(int32_t base, int32_t step, int32_t lo, int32_t hi) {

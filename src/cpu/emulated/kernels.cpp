@@ -1,0 +1,80 @@
+// FLASHBACK_EMULATION=1 (cpu/isa.h) on a machine with AVX2 but no AVX-512: the avx512 level's f32
+// kernels (MicroF32 at 16 lanes, avx512's tiles) over V512Pairs, and the amx level's bf16 kernels
+// (MathBf16 over AmxMicro) over V512Pairs, emulated tiles and the portable packing below. The same
+// code as on real hardware above the vector operations, the tile instructions and the packing, which
+// only real hardware runs. For tests; slow. Compiled with the avx2 flags only.
+#include "cpu/amx/amx_micro.h"
+#include "cpu/emulated/v512_pairs.h"
+#include "cpu/math_bf16.h"
+#include "cpu/math_f32.h"
+#include "cpu/micro_f32.h"
+#include "cpu/tiles.h"
+
+namespace flashback::cpu {
+namespace {
+
+struct Avx512PairsMicro : MicroF32<V512Pairs> {
+  static constexpr Isa isa = Isa::avx512;
+  static Tiles tiles(const core::Problem& p, bool backward) {
+    return choose_tiles(isa, p.head_dim, p.head_dim_v, backward);
+  }
+};
+
+// avx512/pack_bf16.h's operations element by element: the same operand formats, padding and rounding
+// to nearest even (from_float; VCVTNEPS2BF16 also flushes subnormals, which this does not).
+struct PackBf16Portable {
+  // dst [rows_pad][ldd] = src [rows][cols], zeros beyond.
+  static void rows(const bf16* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t ldd,
+                   int64_t rows_pad) {
+    for (int64_t r = 0; r < rows_pad; ++r)
+      for (int64_t c = 0; c < ldd; ++c) dst[r * ldd + c] = r < rows && c < cols ? src[r * lds + c] : bf16{};
+  }
+  // B(k, n) = src[n][k] in the VNNI format, for k < k_pad and n < n_pad.
+  static void vnni_t(const bf16* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t ldb,
+                     int64_t k_pad, int64_t n_pad) {
+    for (int64_t k = 0; k < k_pad; ++k)
+      for (int64_t n = 0; n < n_pad; ++n)
+        dst[(k / 2) * ldb + 2 * n + k % 2] = n < rows && k < cols ? src[n * lds + k] : bf16{};
+  }
+  // B(k, n) = src[k][n] in the VNNI format, for k < k_pad and n < n_pad.
+  static void vnni(const bf16* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t ldb, int64_t k_pad,
+                   int64_t n_pad) {
+    for (int64_t k = 0; k < k_pad; ++k)
+      for (int64_t n = 0; n < n_pad; ++n)
+        dst[(k / 2) * ldb + 2 * n + k % 2] = k < rows && n < cols ? src[k * lds + n] : bf16{};
+  }
+  static void split(float x, bf16* hi, bf16* lo) {
+    *hi = from_float<bf16>(x);
+    *lo = from_float<bf16>(x - to_float(*hi));
+  }
+  // The first min(n, 16) lanes of x as hi + lo.
+  static void split(V512Pairs::reg x, bf16* hi, bf16* lo, int64_t n) {
+    float v[16];
+    V512Pairs::storeu(v, x);
+    for (int64_t i = 0; i < n && i < 16; ++i) split(v[i], hi + i, lo + i);
+  }
+  // hi + lo [rows_pad][ldd] = src [rows][cols], zeros beyond.
+  static void split_f32(const float* src, int64_t lds, int64_t rows, int64_t cols, bf16* hi, bf16* lo, int64_t ldd,
+                        int64_t rows_pad) {
+    for (int64_t r = 0; r < rows_pad; ++r)
+      for (int64_t c = 0; c < ldd; ++c)
+        split(r < rows && c < cols ? src[r * lds + c] : 0.0f, hi + r * ldd + c, lo + r * ldd + c);
+  }
+  // hi + lo [cols_pad][ldd] = (src [rows][cols])^T, zeros beyond.
+  static void split_f32_t(const float* src, int64_t lds, int64_t rows, int64_t cols, bf16* hi, bf16* lo,
+                          int64_t ldd, int64_t cols_pad) {
+    for (int64_t c = 0; c < cols_pad; ++c)
+      for (int64_t r = 0; r < ldd; ++r)
+        split(r < rows && c < cols ? src[r * lds + c] : 0.0f, hi + c * ldd + r, lo + c * ldd + r);
+  }
+};
+
+} // namespace
+
+const KernelSet& kernels_emulated(Isa isa, core::DType dtype) {
+  if (isa >= Isa::amx && dtype == core::DType::bf16)
+    return kernel_set_of<MathBf16<AmxMicro<EmulatedTiles, V512Pairs, PackBf16Portable>>>();
+  return f32_kernel_set<Avx512PairsMicro>(dtype);
+}
+
+} // namespace flashback::cpu
