@@ -30,13 +30,8 @@ using fbtest::Case;
 using fbtest::Layout;
 using fbtest::Tensor;
 
-// FLASHBACK_EMULATION=1 at the amx level: the AMX kernels on emulated tiles (~50x slower). Only bf16
-// runs on tiles; f32 and f16 run avx512's kernels, which that level's registration tests. The sweeps
-// are thinned there (check_cases).
-bool emulated_tiles() {
-  return flashback::cpu::active_isa() == flashback::cpu::Isa::amx &&
-         flashback::cpu::machine_isa() < flashback::cpu::Isa::amx;
-}
+// On emulated AMX tiles the sweeps run bf16 only and are thinned (check_cases).
+using fbtest::emulated_tiles;
 
 // The worst error / bar of the current test, per output (half precision only).
 struct Margin {

@@ -35,7 +35,6 @@ class Reliability : public ::testing::Test {
   void SetUp() override { FBTEST_SKIP_UNLESS_REQUESTED_ISA(); }
 };
 
-constexpr fb_dtype kDtypes[] = {FB_F32, FB_BF16, FB_F16};
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 Case make_case(fb_dtype dtype, ref::Shape shape) {
@@ -110,7 +109,7 @@ void expect_near_reference(const Outputs& out, const Reference& r, double tol) {
 // function of the problem, not of the threads) that the threads share. A fourth has a long query side
 // against two key blocks: the backward splits each key block's query blocks (backward_splits).
 TEST_F(Reliability, TwentyRunsOverThreadCountsGiveTheSameBits) {
-  for (fb_dtype dtype : kDtypes) for (int variant : {0, 1, 2, 3}) {
+  for (fb_dtype dtype : fbtest::level_dtypes()) for (int variant : {0, 1, 2, 3}) {
     const bool masked = variant == 0;
     const flashback::cpu::Tiles t = fbtest::tiles_for(40, 24, true, dtype);
     Case c = make_case(dtype, {1, 4, 2, t.bm + 17, 2 * t.bn + 9, 40, 24});
@@ -169,7 +168,7 @@ double max_abs_dot(const ref::Shape& s, const std::vector<double>& q, const std:
 //    dq, dk are ~0 and that is all that is left: dq gets 4 scale Delta max|k|, dk 4 scale Delta max|q|
 //    times the largest column sum of P (measured: a tenth of that suffices; without it dq and dk fail).
 TEST_F(Reliability, LogitsOfTenThousandDoNotOverflow) {
-  for (fb_dtype dtype : kDtypes) {
+  for (fb_dtype dtype : fbtest::level_dtypes()) {
     for (bool causal : {false, true}) {
       const flashback::cpu::Tiles t = fbtest::tiles_for(16, 16, false, dtype);
       Case c = make_case(dtype, {1, 2, 1, 37, t.bn + 21, 16, 16}); // two key blocks: the running max moves
@@ -251,7 +250,7 @@ TEST_F(Reliability, BackwardRecomputesTheForwardsProbabilities) {
 // inputs turn into no NaN, no Inf and no value of normal size (AMX, for one, reads subnormal bf16 as
 // 0).
 TEST_F(Reliability, TinyAndSubnormalValues) {
-  for (fb_dtype dtype : kDtypes) {
+  for (fb_dtype dtype : fbtest::level_dtypes()) {
     // f16 has 5 exponent bits: 2^-10 is tiny for it, 2^-20 subnormal (smallest 2^-24).
     const double normal_tiny = dtype == FB_F16 ? 0x1p-10 : 1e-20;
     const double subnormal_tiny = dtype == FB_F16 ? 0x1p-20 : 1e-41;
@@ -346,7 +345,7 @@ TEST_F(Reliability, HalfOutputsRoundTiesToEven) {
 // and lse = its one logit; the gradients match the reference (dq and dk are ~0: dP - delta cancels).
 // Causal with Sq > 1 leaves every row but the last blind (see FullyMaskedRows for those).
 TEST_F(Reliability, OneKey) {
-  for (fb_dtype dtype : kDtypes) {
+  for (fb_dtype dtype : fbtest::level_dtypes()) {
     const int64_t bm = fbtest::tiles_for(32, 16, false, dtype).bm;
     for (int64_t sq : {int64_t{1}, int64_t{5}, bm + 3}) {
       for (bool causal : {false, true}) {
@@ -376,7 +375,7 @@ TEST_F(Reliability, OneKey) {
 // sees get dk = dv = 0 exactly; everything else matches the reference. Blind rows fill whole query
 // blocks and part of one; unseen keys likewise.
 TEST_F(Reliability, FullyMaskedRows) {
-  for (fb_dtype dtype : kDtypes) {
+  for (fb_dtype dtype : fbtest::level_dtypes()) {
     const flashback::cpu::Tiles tf = fbtest::tiles_for(16, 8, false, dtype), tb = fbtest::tiles_for(16, 8, true, dtype);
     const int64_t bm = std::max(tf.bm, tb.bm), bn = std::max(tf.bn, tb.bn);
     struct Masked {
@@ -559,7 +558,7 @@ std::vector<Poison> poisons(const Case& c, double value) {
 // the value it has without it: other rows, other keys, other heads, other batches), and a NaN is never
 // swallowed: some output that depends on it is NaN.
 TEST_F(Reliability, NonFiniteInputsAffectOnlyWhatDependsOnThem) {
-  for (fb_dtype dtype : kDtypes) for (const Case& c : poison_cases(dtype)) {
+  for (fb_dtype dtype : fbtest::level_dtypes()) for (const Case& c : poison_cases(dtype)) {
     if (c.shape.seqlen_q == 3) {
       ASSERT_GT(fbtest::forward_splits_of(c), 1) << c.describe();
     }
@@ -696,7 +695,7 @@ struct FarTensor {
 // 32 bits would land elsewhere. Results match the reference. Skipped where the kernel refuses the
 // address space (MAP_NORESERVE needs overcommit).
 TEST_F(Reliability, ElementOffsetsBeyondTwoToThe31) {
-  for (fb_dtype dtype : kDtypes) {
+  for (fb_dtype dtype : fbtest::level_dtypes()) {
     const flashback::cpu::Tiles t = fbtest::tiles_for(24, 16, true, dtype);
     Case c = make_case(dtype, {2, 2, 1, t.bm + 5, t.bn + 9, 24, 16});
     c.opt.causal = true;
@@ -748,7 +747,7 @@ TEST_F(Reliability, ElementOffsetsBeyondTwoToThe31) {
 // Every dtype, grouped heads, a causal mask, odd sizes, the library's and a caller's workspace (at
 // an odd address), every gradient and then a subset: small enough for memcheck.
 TEST_F(Reliability, SmallForwardBackward) {
-  for (fb_dtype dtype : kDtypes) {
+  for (fb_dtype dtype : fbtest::level_dtypes()) {
     Case c = make_case(dtype, {1, 2, 1, 19, 23, 8, 12});
     c.opt.causal = true;
     c.layout(Layout::padded);

@@ -79,6 +79,16 @@ std::optional<std::string> isa_skip_reason() {
          "): the machine or the build lacks " + env;
 }
 
+bool emulated_tiles() {
+  return flashback::cpu::active_isa() == flashback::cpu::Isa::amx &&
+         flashback::cpu::machine_isa() < flashback::cpu::Isa::amx;
+}
+
+std::vector<fb_dtype> level_dtypes() {
+  if (emulated_tiles()) return {FB_BF16};
+  return {FB_F32, FB_BF16, FB_F16};
+}
+
 namespace {
 // The sizes and band of a case, as the library sees them (enough for the split counts).
 flashback::core::Problem sizes_of(const Case& c) {

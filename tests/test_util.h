@@ -43,6 +43,13 @@ std::optional<std::string> isa_skip_reason();
     if (auto why_ = ::fbtest::isa_skip_reason()) GTEST_SKIP() << *why_; \
   } while (0)
 
+// True at the amx level on a machine without AMX (FLASHBACK_EMULATION=amx): the AMX kernels on
+// emulated tiles (~50x slower). Only bf16 runs on tiles there; f32 and f16 run avx512's kernels, which
+// that level's registration tests.
+bool emulated_tiles();
+// The dtypes a level's registration tests: f32, bf16 and f16; bf16 alone on emulated tiles.
+std::vector<fb_dtype> level_dtypes();
+
 // The tiles of the kernels this process runs for a dtype; sweeps put sequence lengths around them.
 flashback::cpu::Tiles tiles_for(int64_t head_dim, int64_t head_dim_v, bool backward, fb_dtype dtype = FB_F32);
 

@@ -62,21 +62,26 @@ struct EmulatedTiles {
   template <int c, int a, int b>
   static void dot() {
     Regs& g = configured_regs();
+    float af[16][32], bfl[16][32], cf[16][16]; // A (m, k), B (pair w, 2 n + k % 2), C, in f32
+    for (int r = 0; r < 16; ++r)
+      for (int x = 0; x < 32; ++x) {
+        bf16 ha, hb;
+        std::memcpy(&ha, &g.t[a][r][2 * x], 2);
+        std::memcpy(&hb, &g.t[b][r][2 * x], 2);
+        af[r][x] = to_float(ha);
+        bfl[r][x] = to_float(hb);
+      }
+    std::memcpy(cf, g.t[c], sizeof cf);
     for (int m = 0; m < 16; ++m)
       for (int n = 0; n < 16; ++n) {
-        float acc;
-        std::memcpy(&acc, &g.t[c][m][4 * n], 4);
+        float acc = cf[m][n];
         for (int w = 0; w < 16; ++w) {
-          bf16 a0, a1, b0, b1;
-          std::memcpy(&a0, &g.t[a][m][4 * w], 2);
-          std::memcpy(&a1, &g.t[a][m][4 * w + 2], 2);
-          std::memcpy(&b0, &g.t[b][w][4 * n], 2);
-          std::memcpy(&b1, &g.t[b][w][4 * n + 2], 2);
-          acc += to_float(a0) * to_float(b0);
-          acc += to_float(a1) * to_float(b1);
+          acc += af[m][2 * w] * bfl[w][2 * n];
+          acc += af[m][2 * w + 1] * bfl[w][2 * n + 1];
         }
-        std::memcpy(&g.t[c][m][4 * n], &acc, 4);
+        cf[m][n] = acc;
       }
+    std::memcpy(g.t[c], cf, sizeof cf);
   }
 };
 
