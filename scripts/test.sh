@@ -5,6 +5,7 @@
 #   asan      GCC, AddressSanitizer + UndefinedBehaviorSanitizer, the whole suite again    build-asan/
 #   tsan      GCC, ThreadSanitizer: concurrent callers, one library thread per call       build-tsan/
 #   fuzz      clang + libFuzzer: each target for FUZZ_SECONDS from the committed corpus  build-fuzz/
+#             (fuzz_c_api once more with the levels the machine lacks emulated)
 #   valgrind  memcheck on a small forward and backward (build-test's binaries, FLASHBACK_ISA=avx2)
 # Prints what each stage took and exits non-zero if any failed; logs and fuzz artifacts go to
 # build-logs/. RELIABILITY.md explains each stage and records the figures of the last run.
@@ -99,21 +100,27 @@ stage_fuzz() {
   CC=clang CXX=clang++ logged fuzz-configure cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DFLASHBACK_FUZZ=ON -DFLASHBACK_BUILD_TESTS=OFF -DFLASHBACK_BUILD_BENCHMARKS=OFF &&
     logged fuzz-build cmake --build build-fuzz -j "$JOBS" --target fuzz_c_api fuzz_safetensors || return 1
-  local rc=0 target work
-  for target in fuzz_c_api fuzz_safetensors; do
+  local rc=0 run target emulation name work
+  # fuzz_c_api twice: at this machine's level, and with the levels it lacks emulated up to amx
+  # (FLASHBACK_EMULATION, README "Instruction sets"; the same as the first where the machine has AMX).
+  for run in fuzz_c_api fuzz_safetensors fuzz_c_api:amx; do
+    target=${run%%:*}
+    emulation=${run#"$target"}
+    emulation=${emulation#:}
+    name=$target${emulation:+-emulated-$emulation}
     work=$(mktemp -d)
     cp -r "fuzz/corpus/$target" "$work/corpus"
     local extra=()
     [ "$target" = fuzz_safetensors ] && extra=(-dict=fuzz/safetensors.dict)
-    LSAN_OPTIONS=suppressions=$ROOT/fuzz/lsan.supp logged "$target" timeout $((3 * FUZZ_SECONDS + 120)) \
-      "build-fuzz/fuzz/$target" -max_total_time="$FUZZ_SECONDS" -timeout=10 -print_final_stats=1 \
-      -artifact_prefix="$LOGS/$target-" "${extra[@]}" "$work/corpus" || rc=1
+    FLASHBACK_EMULATION=$emulation LSAN_OPTIONS=suppressions=$ROOT/fuzz/lsan.supp logged "$name" \
+      timeout $((3 * FUZZ_SECONDS + 120)) "build-fuzz/fuzz/$target" -max_total_time="$FUZZ_SECONDS" -timeout=10 \
+      -print_final_stats=1 -artifact_prefix="$LOGS/$name-" "${extra[@]}" "$work/corpus" || rc=1
     local execs seeds final
-    execs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$LOGS/$target.log" | grep -Eo '[0-9]+$')
+    execs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$LOGS/$name.log" | grep -Eo '[0-9]+$')
     seeds=$(ls "fuzz/corpus/$target" | wc -l)
     final=$(ls "$work/corpus" | wc -l)
-    note "    $target: ${execs:-?} inputs executed in ${FUZZ_SECONDS} s, corpus $seeds seeds -> $final inputs," \
-      "$(grep -Eo 'cov: [0-9]+' "$LOGS/$target.log" | tail -n 1 | grep -Eo '[0-9]+') coverage points"
+    note "    $name: ${execs:-?} inputs executed in ${FUZZ_SECONDS} s, corpus $seeds seeds -> $final inputs," \
+      "$(grep -Eo 'cov: [0-9]+' "$LOGS/$name.log" | tail -n 1 | grep -Eo '[0-9]+') coverage points"
     rm -rf "$work"
   done
   return $rc
