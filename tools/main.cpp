@@ -19,11 +19,13 @@ CLI::App* add_info_command(CLI::App& app, InfoFlags& f) {
 int run_info(const InfoFlags& f) {
   const char* isa_cap = std::getenv("FLASHBACK_ISA");
   const char* threads_env = std::getenv("FLASHBACK_NUM_THREADS");
+  const char* emulation = std::getenv("FLASHBACK_EMULATION");
   if (f.json) {
     nlohmann::json j = {{"version", fb_version()},
                         {"isa", fb_cpu_isa()},
                         {"threads", default_threads()},
                         {"FLASHBACK_ISA", isa_cap ? isa_cap : ""},
+                        {"FLASHBACK_EMULATION", emulation ? emulation : ""},
                         {"FLASHBACK_NUM_THREADS", threads_env ? threads_env : ""}};
     std::cout << j.dump(2) << std::endl;
     return kOk;
@@ -31,6 +33,9 @@ int run_info(const InfoFlags& f) {
   std::printf("flashback %s\n", fb_version());
   std::printf("isa:     %s%s%s\n", fb_cpu_isa(), isa_cap ? "  (capped by FLASHBACK_ISA=" : "",
               isa_cap ? (std::string(isa_cap) + ")").c_str() : "");
+  if (emulation && *emulation)
+    std::printf("         FLASHBACK_EMULATION=%s: levels this machine lacks run emulated (tests; slow)\n",
+                emulation);
   std::printf("threads: %d  (%s)\n", default_threads(),
               threads_env ? ("FLASHBACK_NUM_THREADS=" + std::string(threads_env)).c_str()
                           : "OpenMP's default; set FLASHBACK_NUM_THREADS or --threads to change it");

@@ -525,6 +525,7 @@ TEST_F(Cli, InfoAndHelp) {
   const Result j = run("info --json");
   ASSERT_EQ(j.code, 0);
   EXPECT_FALSE(nlohmann::json::parse(j.out)["version"].get<std::string>().empty());
+  EXPECT_TRUE(nlohmann::json::parse(j.out).contains("FLASHBACK_EMULATION")) << j.out;
   for (const char* cmd : {"", "bench ", "check ", "forward ", "backward ", "info "}) {
     const Result h = run(std::string(cmd) + "--help");
     EXPECT_EQ(h.code, 0) << cmd;
