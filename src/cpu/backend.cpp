@@ -199,11 +199,11 @@ void team_barrier(int threads) {
 const KernelSet& kernels_for(Isa isa, core::DType dtype) {
   const Isa machine = machine_isa();
 #if defined(FLASHBACK_HAVE_AMX_KERNELS)
-  // Real tiles, or emulated tiles over real AVX-512 (FLASHBACK_EMULATION=1 with AVX512_BF16).
+  // Real tiles, or emulated tiles over real AVX-512 (FLASHBACK_EMULATION=amx with AVX512_BF16).
   if (isa >= Isa::amx && machine >= Isa::avx512bf16) return kernels_amx(dtype, machine < Isa::amx);
 #endif
 #if defined(FLASHBACK_HAVE_EMULATED_KERNELS)
-  // A level above the machine's (FLASHBACK_EMULATION=1): AVX-512 on pairs of AVX2 vectors, and the
+  // A level above the machine's (FLASHBACK_EMULATION): AVX-512 on pairs of AVX2 vectors, and the
   // tiles in software for bf16 at the amx level.
   if (isa > machine && isa >= Isa::avx512 && machine >= Isa::avx2 &&
       (machine < Isa::avx512 || (isa >= Isa::amx && dtype == core::DType::bf16)))

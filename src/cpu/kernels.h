@@ -121,7 +121,8 @@ const KernelSet& kernels_avx2(core::DType dtype);
 const KernelSet& kernels_avx512(core::DType dtype);
 // AMX tiles (real, or emulated over real AVX-512) for bf16, else avx512's.
 const KernelSet& kernels_amx(core::DType dtype, bool emulated);
-// The avx512 (isa avx512 or avx512bf16) or amx level on AVX2 alone (FLASHBACK_EMULATION=1, cpu/isa.h).
+// The avx512 (isa avx512 or avx512bf16) or amx level on pairs of AVX2 vectors, the tiles in software
+// (FLASHBACK_EMULATION, cpu/isa.h).
 const KernelSet& kernels_emulated(Isa isa, core::DType dtype);
 
 // The kernel set for an instruction set this build has (falls back to the best one at or below it).
