@@ -324,7 +324,7 @@ TEST(Info, VersionAndIsa) {
   EXPECT_EQ(flashback::version(), version);
   const std::string isa = fb_cpu_isa();
   EXPECT_EQ(flashback::cpu_isa(), isa);
-  // "<level>-emulated" exactly when the level is above the machine's (FLASHBACK_EMULATION=1).
+  // "<level>-emulated" exactly when the level is above the machine's (FLASHBACK_EMULATION).
   const std::string suffix = "-emulated";
   const bool emulated = isa.size() > suffix.size() && isa.substr(isa.size() - suffix.size()) == suffix;
   const std::string level = emulated ? isa.substr(0, isa.size() - suffix.size()) : isa;

@@ -1,7 +1,7 @@
 // The AMX microkernel of math_bf16.h, written over a tile-operations policy (TileOps) and the
 // 16-lane vector and packing it runs with: amx/kernels.cpp instantiates it with the real tile
 // instructions (RealTiles, there) and with EmulatedTiles over real AVX-512, emulated/kernels.cpp with
-// EmulatedTiles over AVX-512 emulated on AVX2 (FLASHBACK_EMULATION=1, cpu/isa.h). No AMX instruction
+// EmulatedTiles over AVX-512 emulated on AVX2 (FLASHBACK_EMULATION, cpu/isa.h). No AMX instruction
 // here: EmulatedTiles does the tile arithmetic on arrays, so that the AMX code path (blocking,
 // padding, edges, per-thread configuration) is exercised and tested on machines without AMX (slow:
 // for tests only). Internal linkage.

@@ -6,7 +6,7 @@
 //
 // The microkernel (amx/amx_micro.h) is written over a tile-operations policy: RealTiles, here, issues
 // the AMX instructions; EmulatedTiles does the same arithmetic on arrays, so that the AMX code path is
-// tested on machines with AVX512_BF16 but no AMX (FLASHBACK_EMULATION=1; slow: for tests only).
+// tested on machines with AVX512_BF16 but no AMX (FLASHBACK_EMULATION=amx; slow: for tests only).
 #include <immintrin.h>
 
 #include "cpu/amx/amx_micro.h"

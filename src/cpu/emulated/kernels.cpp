@@ -1,8 +1,8 @@
-// FLASHBACK_EMULATION=1 (cpu/isa.h) on a machine with AVX2 but no AVX-512: the avx512 level's f32
-// kernels (MicroF32 at 16 lanes, avx512's tiles) over V512Pairs, and the amx level's bf16 kernels
-// (MathBf16 over AmxMicro) over V512Pairs, emulated tiles and the portable packing below. The same
-// code as on real hardware above the vector operations, the tile instructions and the packing, which
-// only real hardware runs. For tests; slow. Compiled with the avx2 flags only.
+// FLASHBACK_EMULATION (cpu/isa.h): the avx512 level's f32 kernels (MicroF32 at 16 lanes, avx512's
+// tiles) over V512Pairs on a machine without AVX-512, and the amx level's bf16 kernels (MathBf16 over
+// AmxMicro) over V512Pairs, emulated tiles and the portable packing below on a machine without
+// AVX512_BF16. The same code as on real hardware above the vector operations, the tile instructions
+// and the packing, which only real hardware runs. For tests; slow. Compiled with the avx2 flags only.
 #include "cpu/amx/amx_micro.h"
 #include "cpu/emulated/v512_pairs.h"
 #include "cpu/math_bf16.h"

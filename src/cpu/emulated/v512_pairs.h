@@ -1,7 +1,7 @@
 // A 16-lane f32 vector as two AVX2 vectors: V512's operations (avx512/v512.h) with the same lanes and
 // register blocking (V512Shape), so that MicroF32, MathF32 and MathBf16 instantiated over it run the
 // avx512 kernels' code (their tiles, edges, masks and remainders at 16 lanes) on a machine without
-// AVX-512 (FLASHBACK_EMULATION=1, cpu/isa.h). For tests: the 24 accumulators of a 6 x 4 tile do not
+// AVX-512 (FLASHBACK_EMULATION, cpu/isa.h). For tests: the 24 accumulators of a 6 x 4 tile do not
 // fit in 16 ymm registers. Each lane computes what V512 computes, except that exp2 flushes results
 // below 2^-126 to zero (V256::exp2) where V512 keeps them, and sums reduce in another order.
 // Included only by translation units compiled with the avx2 flags; internal linkage.
@@ -54,7 +54,9 @@ struct V512Pairs : V512Shape {
   static reg fms(reg a, reg b, reg c) { return {H::fms(a.lo, b.lo, c.lo), H::fms(a.hi, b.hi, c.hi)}; }
   static reg max(reg a, reg b) { return {H::max(a.lo, b.lo), H::max(a.hi, b.hi)}; }
   static mask equal(reg a, reg b) { return {H::equal(a.lo, b.lo), H::equal(a.hi, b.hi)}; }
-  static reg select(mask m, reg yes, reg no) { return {H::select(m.lo, yes.lo, no.lo), H::select(m.hi, yes.hi, no.hi)}; }
+  static reg select(mask m, reg yes, reg no) {
+    return {H::select(m.lo, yes.lo, no.lo), H::select(m.hi, yes.hi, no.hi)};
+  }
   static float reduce_add(reg x) { return H::reduce_add(H::add(x.lo, x.hi)); }
   static float reduce_max(reg x) { return H::reduce_max(H::max(x.lo, x.hi)); }
   static float first(reg x) { return H::first(x.lo); }
