@@ -139,7 +139,7 @@ FB_API const char* fb_status_name(fb_status status);
 FB_API const char* fb_version(void);
 
 /* The instruction-set level the CPU backend runs at on this machine: "amx", "avx512bf16", "avx512",
- * "avx2" or "scalar"; "avx512-emulated" or "amx-emulated" under FLASHBACK_EMULATION, for tests. The
+ * "avx2" or "scalar"; the level with "-emulated" (e.g. "amx-emulated") under FLASHBACK_EMULATION, for tests. The
  * environment variable FLASHBACK_ISA (read once) caps it. README lists which kernels each level runs
  * per dtype. */
 FB_API const char* fb_cpu_isa(void);
