@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cpu/blocks.h"
+#include "cpu/tiles.h"
 
 namespace flashback::cpu {
 namespace {
@@ -269,6 +270,15 @@ struct MicroF32 {
       s = V::fma(V::load(a + x, in), V::load(b + x, in), s);
     }
     return V::reduce_add(s);
+  }
+};
+
+// An instruction set's f32 microkernels, as MathF32 takes them: MicroF32 over V with the ISA's tiles.
+template <class V, Isa I>
+struct IsaMicroF32 : MicroF32<V> {
+  static constexpr Isa isa = I;
+  static Tiles tiles(const core::Problem& p, bool backward) {
+    return choose_tiles(isa, p.head_dim, p.head_dim_v, backward);
   }
 };
 

@@ -3,20 +3,9 @@
 #include "cpu/avx2/v256.h"
 #include "cpu/math_f32.h"
 #include "cpu/micro_f32.h"
-#include "cpu/tiles.h"
 
 namespace flashback::cpu {
-namespace {
 
-struct Avx2Micro : MicroF32<V256> {
-  static constexpr Isa isa = Isa::avx2;
-  static Tiles tiles(const core::Problem& p, bool backward) {
-    return choose_tiles(isa, p.head_dim, p.head_dim_v, backward);
-  }
-};
-
-} // namespace
-
-const KernelSet& kernels_avx2(core::DType dtype) { return f32_kernel_set<Avx2Micro>(dtype); }
+const KernelSet& kernels_avx2(core::DType dtype) { return f32_kernel_set<IsaMicroF32<V256, Isa::avx2>>(dtype); }
 
 } // namespace flashback::cpu

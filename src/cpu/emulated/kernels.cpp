@@ -8,17 +8,9 @@
 #include "cpu/math_bf16.h"
 #include "cpu/math_f32.h"
 #include "cpu/micro_f32.h"
-#include "cpu/tiles.h"
 
 namespace flashback::cpu {
 namespace {
-
-struct Avx512PairsMicro : MicroF32<V512Pairs> {
-  static constexpr Isa isa = Isa::avx512;
-  static Tiles tiles(const core::Problem& p, bool backward) {
-    return choose_tiles(isa, p.head_dim, p.head_dim_v, backward);
-  }
-};
 
 // avx512/pack_bf16.h's operations element by element: the same operand formats, padding and rounding
 // to nearest even (from_float; VCVTNEPS2BF16 also flushes subnormals, which this does not).
@@ -74,7 +66,7 @@ struct PackBf16Portable {
 const KernelSet& kernels_emulated(Isa isa, core::DType dtype) {
   if (isa >= Isa::amx && dtype == core::DType::bf16)
     return kernel_set_of<MathBf16<AmxMicro<EmulatedTiles, V512Pairs, PackBf16Portable>>>();
-  return f32_kernel_set<Avx512PairsMicro>(dtype);
+  return f32_kernel_set<IsaMicroF32<V512Pairs, Isa::avx512>>(dtype);
 }
 
 } // namespace flashback::cpu
