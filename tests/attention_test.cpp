@@ -22,6 +22,8 @@
 #include "cpu/isa.h"
 #include "naive.h"
 #include "reference.h"
+#include <algorithm>
+
 #include "test_util.h"
 
 namespace {
@@ -45,7 +47,8 @@ class Attention : public ::testing::TestWithParam<fb_dtype> {
   void SetUp() override {
     g_margins.clear(); // TearDown runs after a skip too
     FBTEST_SKIP_UNLESS_REQUESTED_ISA();
-    if (emulated_tiles() && dtype() != FB_BF16)
+    const std::vector<fb_dtype> tested = fbtest::level_dtypes();
+    if (std::find(tested.begin(), tested.end(), dtype()) == tested.end())
       GTEST_SKIP() << "emulated AMX tiles run bf16 only; " << fbtest::dtype_name(dtype())
                    << " runs the avx512 kernels, tested at that level";
   }

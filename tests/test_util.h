@@ -44,8 +44,8 @@ std::optional<std::string> isa_skip_reason();
   } while (0)
 
 // True at the amx level on a machine without AMX (FLASHBACK_EMULATION=amx): the AMX kernels on
-// emulated tiles (~50x slower). Only bf16 runs on tiles there; f32 and f16 run avx512's kernels, which
-// that level's registration tests.
+// emulated tiles (about 12x the avx2 kernels' time). Only bf16 runs on tiles there; f32 and f16 run
+// avx512's kernels, which that level's registration tests.
 bool emulated_tiles();
 // The dtypes a level's registration tests: f32, bf16 and f16; bf16 alone on emulated tiles.
 std::vector<fb_dtype> level_dtypes();

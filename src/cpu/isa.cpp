@@ -1,5 +1,6 @@
 #include "cpu/isa.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -107,7 +108,7 @@ Isa emulated_level() {
 
 Isa active_isa() {
   static const Isa isa = [] {
-    Isa cap = emulated_level() != Isa::scalar ? emulated_level() : machine_isa(), wanted;
+    Isa cap = std::max(machine_isa(), emulated_level()), wanted; // the emulated level is above the machine's
     const char* env = std::getenv("FLASHBACK_ISA");
     if (env && *env && !parse_isa(env, &wanted)) {
       // A typo must not silently test or benchmark another instruction set than the one asked for.

@@ -178,10 +178,10 @@ struct MathBf16 {
         for (int64_t c0 = 0; c0 < z.bnk; c0 += 16) {
           const typename V::reg pr = c0 < cols ? V::exp2(V::sub(logits(c0), vref)) : V::zero();
           sum = V::add(sum, pr);
-          if (mask && c0 < z.bnp)
-            V::store(s_.s + r * z.bnp + c0, pr, static_cast<int>(min64(16, z.bnp - c0)));
-          else if (!mask)
+          if (!mask)
             Pack::split(pr, s_.pa + r * z.bnk + c0, s_.pa_lo + r * z.bnk + c0, z.bnk - c0);
+          else if (c0 < z.bnp)
+            V::store(s_.s + r * z.bnp + c0, pr, static_cast<int>(min64(16, z.bnp - c0)));
         }
         const float alpha = V::first(V::exp2(V::set1(m_old - ref)));
         s_.alpha[r] = alpha;
