@@ -49,8 +49,8 @@ class Attention : public ::testing::TestWithParam<fb_dtype> {
     FBTEST_SKIP_UNLESS_REQUESTED_ISA();
     const std::vector<fb_dtype> tested = fbtest::level_dtypes();
     if (std::find(tested.begin(), tested.end(), dtype()) == tested.end())
-      GTEST_SKIP() << "emulated AMX tiles run bf16 only; " << fbtest::dtype_name(dtype())
-                   << " runs the avx512 kernels, tested at that level";
+      GTEST_SKIP() << "this registration's kernels (emulated AMX tiles, or vdpbf16ps) run bf16 only; "
+                   << fbtest::dtype_name(dtype()) << " runs the avx512 kernels, tested at that level";
   }
   void TearDown() override {
     for (const auto& [what, m] : g_margins) {

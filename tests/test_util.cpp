@@ -61,6 +61,9 @@ std::optional<std::string> isa_skip_reason() {
     return std::string("FLASHBACK_EMULATION=") + emulation +
            " runs only levels this machine lacks, on AVX2; this machine runs " + fb_cpu_isa() +
            " for real, which that level's registration tests";
+  if (bf16_dot_forced() && flashback::cpu::machine_isa() < Isa::avx512bf16)
+    return std::string("FLASHBACK_BF16_DOT=1 runs the vdpbf16ps kernels, which need AVX512_BF16; this machine runs ") +
+           fb_cpu_isa() + " (FLASHBACK_EMULATION=avx512bf16, the avx512bf16_emulated registration, tests them here)";
   const char* env = std::getenv("FLASHBACK_ISA");
   if (env == nullptr || *env == '\0') return std::nullopt;
   Isa requested;
@@ -84,8 +87,23 @@ bool emulated_tiles() {
          flashback::cpu::machine_isa() < flashback::cpu::Isa::amx;
 }
 
+bool bf16_dot_forced() {
+  const char* env = std::getenv("FLASHBACK_BF16_DOT");
+  return env && std::string(env) == "1";
+}
+
+bool bf16_dot_kernels() {
+  return flashback::cpu::active_isa() >= flashback::cpu::Isa::avx512bf16 && flashback::cpu::bf16_dot_preferred();
+}
+
+bool bf16_only_registration() {
+  return emulated_tiles() || bf16_dot_forced() ||
+         (flashback::cpu::emulated_level() == flashback::cpu::Isa::avx512bf16 &&
+          flashback::cpu::active_isa() == flashback::cpu::Isa::avx512bf16);
+}
+
 std::vector<fb_dtype> level_dtypes() {
-  if (emulated_tiles()) return {FB_BF16};
+  if (bf16_only_registration()) return {FB_BF16};
   return {FB_F32, FB_BF16, FB_F16};
 }
 

@@ -47,7 +47,14 @@ std::optional<std::string> isa_skip_reason();
 // emulated tiles (about 12x the avx2 kernels' time). Only bf16 runs on tiles there; f32 and f16 run
 // avx512's kernels, which that level's registration tests.
 bool emulated_tiles();
-// The dtypes a level's registration tests: f32, bf16 and f16; bf16 alone on emulated tiles.
+// FLASHBACK_BF16_DOT=1: the bf16_dot registration, bf16 products with vdpbf16ps at the machine's level.
+bool bf16_dot_forced();
+// Whether bf16 takes its products with vdpbf16ps here (real or emulated; cpu/isa.h).
+bool bf16_dot_kernels();
+// The registrations whose own kernels are bf16's alone (f32 and f16 run kernels that other
+// registrations test): emulated tiles, FLASHBACK_BF16_DOT=1, the emulated avx512bf16 level.
+bool bf16_only_registration();
+// The dtypes a level's registration tests: f32, bf16 and f16; bf16 alone where bf16_only_registration().
 std::vector<fb_dtype> level_dtypes();
 
 // The tiles of the kernels this process runs for a dtype; sweeps put sequence lengths around them.

@@ -198,15 +198,20 @@ void team_barrier(int threads) {
 
 const KernelSet& kernels_for(Isa isa, core::DType dtype) {
   const Isa machine = machine_isa();
+  const bool bf16_dot = dtype == core::DType::bf16 && isa >= Isa::avx512bf16 && bf16_dot_preferred();
+#if defined(FLASHBACK_HAVE_AVX512BF16_KERNELS)
+  // bf16 products with vdpbf16ps, where they are faster than f32 FMA or asked for (cpu/isa.h).
+  if (bf16_dot && machine >= Isa::avx512bf16) return kernels_avx512bf16(dtype);
+#endif
 #if defined(FLASHBACK_HAVE_AMX_KERNELS)
   // Real tiles, or emulated tiles over real AVX-512 (FLASHBACK_EMULATION=amx with AVX512_BF16).
   if (isa >= Isa::amx && machine >= Isa::avx512bf16) return kernels_amx(dtype, machine < Isa::amx);
 #endif
 #if defined(FLASHBACK_HAVE_EMULATED_KERNELS)
-  // A level above the machine's (FLASHBACK_EMULATION): AVX-512 on pairs of AVX2 vectors, and the
-  // tiles in software for bf16 at the amx level.
+  // A level above the machine's (FLASHBACK_EMULATION): AVX-512 on pairs of AVX2 vectors, and for bf16
+  // vdpbf16ps (the avx512bf16 level) or the tiles (the amx level) in software.
   if (isa > machine && isa >= Isa::avx512 && machine >= Isa::avx2 &&
-      (machine < Isa::avx512 || (isa >= Isa::amx && dtype == core::DType::bf16)))
+      (machine < Isa::avx512 || bf16_dot || (isa >= Isa::amx && dtype == core::DType::bf16)))
     return kernels_emulated(isa, dtype);
 #endif
 #if defined(FLASHBACK_HAVE_AVX512_KERNELS)

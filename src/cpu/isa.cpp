@@ -87,9 +87,36 @@ Isa machine_isa() {
   static const Isa isa = probe();
   return isa;
 }
+
+// AMD family 26 (Zen 5) and later: vdpbf16ps at 1.8x the FLOP rate of f32 FMA, measured
+// (BENCHMARKS.md); Intel's AVX512_BF16 Xeons run it at half, Zen 4 no faster.
+bool bf16_dot_fast() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; // "AuthenticAMD"
+  if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const unsigned family = ((a >> 8) & 0xFu) + (((a >> 8) & 0xFu) == 0xFu ? (a >> 20) & 0xFFu : 0u);
+  return family >= 0x1A;
+}
 #else
 Isa machine_isa() { return Isa::scalar; }
+bool bf16_dot_fast() { return false; }
 #endif
+
+bool bf16_dot_preferred() {
+  static const bool preferred = [] {
+    const char* env = std::getenv("FLASHBACK_BF16_DOT");
+    if (env && *env) {
+      if (std::strcmp(env, "1") == 0) return true;
+      if (std::strcmp(env, "0") == 0) return false;
+      std::fprintf(stderr, "flashback: FLASHBACK_BF16_DOT=%s is not 0 or 1; ignored\n", env);
+    }
+    // By default at the avx512bf16 level only (the amx level has tiles), where the CPU is fast at it or
+    // where the level is emulated (which then tests these kernels).
+    return active_isa() == Isa::avx512bf16 && (bf16_dot_fast() || emulated_level() == Isa::avx512bf16);
+  }();
+  return preferred;
+}
 
 Isa emulated_level() {
   static const Isa level = [] {

@@ -7,9 +7,10 @@ namespace flashback::cpu {
 
 // Ordered: each level implies the ones below it.
 // avx512bf16 adds AVX512_BF16 to avx512; amx adds AMX-TILE and AMX-BF16.
-// avx512bf16 runs avx512's kernels: bf16 products with vdpbf16ps were measured slower than converting
-// bf16 to f32 once and multiplying with FMA (2.5x slower on an Intel Xeon, where vdpbf16ps runs at half
-// the f32 FMA rate; no faster on AMD Zen 4), so the level only marks where AMX can be emulated.
+// avx512bf16 runs avx512's kernels for f32 and f16, and for bf16 too unless bf16_dot_preferred() (below):
+// bf16 products with vdpbf16ps were measured slower than converting bf16 to f32 once and multiplying
+// with FMA on an Intel Xeon (2.5x; vdpbf16ps runs at half the f32 FMA rate there) and no faster on AMD
+// Zen 4, but faster on AMD Zen 5 (vdpbf16ps at 1.8x the FMA rate in FLOP; BENCHMARKS.md).
 enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, avx512bf16 = 3, amx = 4 };
 
 const char* isa_name(Isa isa);
@@ -27,6 +28,12 @@ Isa active_isa();
 // and per-thread configuration). Slow; the outputs are within the same tolerances but not the same
 // bits as on real hardware. FLASHBACK_ISA still caps the level.
 Isa emulated_level(); // <level> when the emulation is on, else scalar
+// Whether bf16 storage takes its products with vdpbf16ps (dot_bf16_micro.h) rather than converting to
+// f32 for the f32 kernels: at the avx512bf16 level where the CPU runs vdpbf16ps faster than FMA per
+// FLOP (AMD family 26, Zen 5, and later; not Intel's Xeons, where it runs at half the FMA rate) or
+// where that level is emulated. FLASHBACK_BF16_DOT=1 asks for it at any level from avx512bf16 up
+// (amx included, instead of the tiles), =0 never (for tests and benchmarks).
+bool bf16_dot_preferred();
 // The name of active_isa(), with "-emulated" when the machine lacks it.
 const char* active_isa_name();
 

@@ -119,6 +119,8 @@ struct KernelSet {
 const KernelSet& kernels_scalar(core::DType dtype);
 const KernelSet& kernels_avx2(core::DType dtype);
 const KernelSet& kernels_avx512(core::DType dtype);
+// bf16 products with vdpbf16ps for bf16, else avx512's.
+const KernelSet& kernels_avx512bf16(core::DType dtype);
 // AMX tiles (real, or emulated over real AVX-512) for bf16, else avx512's.
 const KernelSet& kernels_amx(core::DType dtype, bool emulated);
 // The avx512 (isa avx512 or avx512bf16) or amx level on pairs of AVX2 vectors, the tiles in software

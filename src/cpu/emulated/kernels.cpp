@@ -1,9 +1,13 @@
 // FLASHBACK_EMULATION (cpu/isa.h): the avx512 level's f32 kernels (MicroF32 at 16 lanes, avx512's
-// tiles) over V512Pairs on a machine without AVX-512, and the amx level's bf16 kernels (MathBf16 over
-// AmxMicro) over V512Pairs, emulated tiles and the portable packing below on a machine without
-// AVX512_BF16. The same code as on real hardware above the vector operations, the tile instructions
+// tiles) over V512Pairs on a machine without AVX-512; the avx512bf16 level's bf16 kernels (MathBf16
+// over DotBf16Micro) over V512Pairs, vdpbf16ps in software and the portable packing below on a machine
+// without AVX512_BF16; and the amx level's bf16 kernels (MathBf16 over AmxMicro) over V512Pairs,
+// emulated tiles and the same packing. The same code as on real hardware above the vector operations, the tile instructions
 // and the packing, which only real hardware runs. For tests; slow. Compiled with the avx2 flags only.
+#include <cstring>
+
 #include "cpu/amx/amx_micro.h"
+#include "cpu/dot_bf16_micro.h"
 #include "cpu/emulated/v512_pairs.h"
 #include "cpu/math_bf16.h"
 #include "cpu/math_f32.h"
@@ -61,9 +65,42 @@ struct PackBf16Portable {
   }
 };
 
+// vdpbf16ps in software for DotBf16Micro: per lane, acc + the odd pair's product, then + the even one's,
+// in the order the Intel SDM gives; each bf16 widened to f32 exactly (a shift), each product exact, so
+// each FMA rounds only its sum as the instruction does; like it, inputs below 2^-126 (subnormal)
+// count as zero (results below it are kept, as the Zen 5 where vdpbf16ps was tested keeps them).
+struct PairWords {
+  struct reg {
+    __m256i lo, hi; // words 0-7, 8-15
+  };
+  static reg load(const bf16* p) {
+    return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16))};
+  }
+  static reg broadcast(const bf16* p) {
+    int32_t w;
+    std::memcpy(&w, p, sizeof w);
+    return {_mm256_set1_epi32(w), _mm256_set1_epi32(w)};
+  }
+  // x, or 0 where x is subnormal (exponent field 0).
+  static __m256 flush(__m256 x) {
+    const __m256i exponent = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7F800000));
+    const __m256i zero_exponent = _mm256_cmpeq_epi32(exponent, _mm256_setzero_si256());
+    return _mm256_andnot_ps(_mm256_castsi256_ps(zero_exponent), x);
+  }
+  static __m256 even(__m256i w) { return flush(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16))); }
+  static __m256 odd(__m256i w) { return flush(_mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(-65536)))); }
+  static __m256 dot8(__m256 acc, __m256i a, __m256i b) {
+    return _mm256_fmadd_ps(even(a), even(b), _mm256_fmadd_ps(odd(a), odd(b), acc));
+  }
+  static V512Pairs::reg dot(V512Pairs::reg acc, reg a, reg b) { return {dot8(acc.lo, a.lo, b.lo), dot8(acc.hi, a.hi, b.hi)}; }
+};
+
 } // namespace
 
 const KernelSet& kernels_emulated(Isa isa, core::DType dtype) {
+  if (isa >= Isa::avx512bf16 && dtype == core::DType::bf16 && bf16_dot_preferred())
+    return kernel_set_of<MathBf16<DotBf16Micro<V512Pairs, PairWords, PackBf16Portable>>>();
   if (isa >= Isa::amx && dtype == core::DType::bf16)
     return kernel_set_of<MathBf16<AmxMicro<EmulatedTiles, V512Pairs, PackBf16Portable>>>();
   return f32_kernel_set<IsaMicroF32<V512Pairs, Isa::avx512>>(dtype);

@@ -1,0 +1,139 @@
+// The bf16 GEMM microkernel of math_bf16.h on vector dot products of bf16 pairs (AVX512_BF16's
+// vdpbf16ps: 16 f32 lanes += the sum of two bf16 products each), register-blocked as MicroF32 blocks
+// f32: MR rows by NV vectors of C in registers across the whole k loop, a row of B (NV vectors of 16
+// column pairs, the VNNI format) loaded once per pair of k and each A pair broadcast to every lane.
+// On CPUs that run vdpbf16ps at twice the f32 FMA rate in FLOP (AMD Zen 5; cpu/isa.h,
+// bf16_dot_preferred) it multiplies bf16 faster than converting to f32; elsewhere the f32 kernels run.
+//
+// Written over V, the 16-lane f32 vector, extended with the word operations (`W`: 16 32-bit words,
+// each a pair of bf16):
+//   W::reg, W::load(p) (16 words), W::broadcast(p) (the word at p in every lane),
+//   W::dot(acc, a, b): acc + a.even * b.even + a.odd * b.odd per lane, products exact in f32.
+// avx512bf16/kernels.cpp instantiates it with vdpbf16ps, emulated/kernels.cpp with FMAs on AVX2
+// (FLASHBACK_EMULATION). Internal linkage.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/blocks.h"
+#include "cpu/half.h"
+#include "cpu/tiles.h"
+
+namespace flashback::cpu {
+namespace {
+
+template <class Vec, class Words, class PackOps>
+struct DotBf16Micro {
+  using V = Vec;
+  using W = Words;
+  using Pack = PackOps;
+  using R = typename V::reg;
+  using K = typename V::mask;
+  static constexpr Isa isa = Isa::avx512bf16;
+  static constexpr int64_t kK = 16; // operands zero-padded to 16 k (8 pairs)
+  static constexpr int L = 16, MR = V::kMR, NV = V::kNV;
+  static_assert(V::lanes == 16);
+
+  static Tiles tiles(const core::Problem& p, bool backward) {
+    return choose_tiles(isa, p.head_dim, p.head_dim_v, backward);
+  }
+  static void begin() {}
+  static void end() {}
+
+  // C[mr][nv*16] at c: (acc ? row_scale * C : 0) + (A + A_lo) B over kk (even) k; A rows a + r * lda,
+  // B words b + w * ldb (ldb in bf16). The last vector of each row is masked by `last` when kTail.
+  template <int mr, int nv, bool kTail, bool kLo>
+  static void tile(int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda, const bf16* b, int64_t ldb, float* c,
+                   int64_t ldc, bool acc, const float* row_scale, K last) {
+    R cr[mr][nv];
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; ++r) {
+      const R s = row_scale ? V::set1(row_scale[r]) : V::set1(1.0f);
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; ++v) {
+        if (!acc) {
+          cr[r][v] = V::zero();
+        } else {
+          const float* p = c + r * ldc + v * L;
+          cr[r][v] = V::mul(kTail && v == nv - 1 ? V::load_masked(p, last) : V::loadu(p), s);
+        }
+      }
+    }
+    for (int64_t k = 0; k < kk; k += 2) {
+      const bf16* brow = b + (k / 2) * ldb;
+      typename W::reg bv[nv];
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; ++v) bv[v] = W::load(brow + 2 * L * v); // B columns beyond n are readable zeros
+#pragma GCC unroll 8
+      for (int r = 0; r < mr; ++r) {
+        const typename W::reg av = W::broadcast(a + r * lda + k);
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; ++v) cr[r][v] = W::dot(cr[r][v], av, bv[v]);
+        if constexpr (kLo) {
+          const typename W::reg lv = W::broadcast(a_lo + r * lda + k);
+#pragma GCC unroll 4
+          for (int v = 0; v < nv; ++v) cr[r][v] = W::dot(cr[r][v], lv, bv[v]);
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; ++v) {
+        float* p = c + r * ldc + v * L;
+        if (kTail && v == nv - 1)
+          V::store_masked(p, last, cr[r][v]);
+        else
+          V::storeu(p, cr[r][v]);
+      }
+  }
+
+  using TileFn = void (*)(int64_t, const bf16*, const bf16*, int64_t, const bf16*, int64_t, float*, int64_t, bool,
+                          const float*, K);
+  template <int mr, int nv = 1>
+  static TileFn pick_nv(int want_nv, bool tail, bool lo) {
+    if constexpr (nv > NV) {
+      return nullptr;
+    } else {
+      if (want_nv == nv) {
+        if (lo) return tail ? &tile<mr, nv, true, true> : &tile<mr, nv, false, true>;
+        return tail ? &tile<mr, nv, true, false> : &tile<mr, nv, false, false>;
+      }
+      return pick_nv<mr, nv + 1>(want_nv, tail, lo);
+    }
+  }
+  template <int mr = 1>
+  static TileFn pick_tile(int want_mr, int want_nv, bool tail, bool lo) {
+    if constexpr (mr > MR) {
+      return nullptr;
+    } else {
+      if (want_mr == mr) return pick_nv<mr>(want_nv, tail, lo);
+      return pick_tile<mr + 1>(want_mr, want_nv, tail, lo);
+    }
+  }
+  // As MicroF32::row_tile: the last MR + 1 to 2 MR - 1 rows in two tiles of about equal height.
+  static int64_t row_tile(int64_t rest) { return rest > MR && rest < 2 * MR ? (rest + 1) / 2 : min64(MR, rest); }
+
+  // C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) B; A, A_lo bf16 [m][kk] (lda), B VNNI [kk/2][ldb]
+  // with >= round_up(n, 16) columns, kk a multiple of kK; only C[m][n] is read or written. Column
+  // panels of NV vectors outside (the panel of B stays in L1), row tiles of MR inside.
+  static void gemm(int64_t m, int64_t n, int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda, const bf16* b,
+                   int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale) {
+    for (int64_t c0 = 0; c0 < n; c0 += NV * L) {
+      const int64_t width = min64(NV * L, n - c0);
+      const int nv = static_cast<int>((width + L - 1) / L);
+      const int rem = static_cast<int>(width - (nv - 1) * L);
+      const K last = V::first_lanes(rem);
+      const bool tail = rem != L;
+      for (int64_t r0 = 0, mr = 0; r0 < m; r0 += mr) {
+        mr = row_tile(m - r0);
+        const TileFn fn = pick_tile(static_cast<int>(mr), nv, tail, a_lo != nullptr);
+        fn(kk, a + r0 * lda, a_lo ? a_lo + r0 * lda : nullptr, lda, b + 2 * c0, ldb, c + r0 * ldc + c0, ldc, acc,
+           row_scale ? row_scale + r0 : nullptr, last);
+      }
+    }
+  }
+};
+
+} // namespace
+} // namespace flashback::cpu
