@@ -12,7 +12,7 @@ using flashback::cpu::choose_tiles;
 using flashback::cpu::Isa;
 using flashback::cpu::Tiles;
 
-constexpr Isa kIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512, Isa::amx};
+constexpr Isa kIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx};
 constexpr int64_t kHeadDims[] = {1, 7, 16, 32, 63, 64, 80, 96, 128, 200, 255, 256};
 
 // A constant expression: usable where the kernels need compile-time tile sizes.
@@ -31,7 +31,7 @@ TEST(Tiles, PositiveForEveryIsaHeadDimAndPass) {
 
 // The SIMD kernels work on 16-float (one zmm, two ymm) groups of rows and keys.
 TEST(Tiles, SimdTilesAreMultiplesOf16) {
-  for (Isa isa : {Isa::avx2, Isa::avx512, Isa::amx})
+  for (Isa isa : {Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
     for (int64_t d : kHeadDims)
       for (bool backward : {false, true}) {
         const Tiles t = choose_tiles(isa, d, d, backward);
