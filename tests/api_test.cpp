@@ -337,6 +337,33 @@ TEST(Info, VersionAndIsa) {
     EXPECT_LE(parsed, flashback::cpu::machine_isa()) << "runs an instruction set the machine lacks";
 }
 
+// The level of each dtype's kernels: at or below the level that runs, f32's and f16's the f32 kernels'
+// (f16 is always converted), bf16's its own exactly where bf16 has kernels of its own (tiles or
+// vdpbf16ps) and else the f32 kernels'; NULL for a value that is no dtype.
+TEST(Info, KernelsIsa) {
+  using flashback::cpu::Isa;
+  auto level_of = [](const char* name) {
+    std::string s = name ? name : "(null)";
+    const std::string suffix = "-emulated";
+    if (s.size() > suffix.size() && s.substr(s.size() - suffix.size()) == suffix) s.resize(s.size() - suffix.size());
+    Isa isa = Isa::scalar;
+    EXPECT_TRUE(flashback::cpu::parse_isa(s.c_str(), &isa)) << s;
+    return isa;
+  };
+  const Isa f32 = level_of(fb_cpu_kernels_isa(FB_F32)), bf16 = level_of(fb_cpu_kernels_isa(FB_BF16));
+  EXPECT_STREQ(fb_cpu_kernels_isa(FB_F16), fb_cpu_kernels_isa(FB_F32));
+  EXPECT_LE(f32, flashback::cpu::active_isa());
+  EXPECT_LE(f32, Isa::avx512);
+  EXPECT_LE(bf16, flashback::cpu::active_isa());
+  const bool own_bf16 = fbtest::bf16_dot_kernels() || flashback::cpu::active_isa() == Isa::amx;
+  if (own_bf16)
+    EXPECT_EQ(bf16, fbtest::bf16_dot_kernels() ? Isa::avx512bf16 : Isa::amx);
+  else
+    EXPECT_EQ(bf16, f32);
+  EXPECT_EQ(flashback::cpu_kernels_isa(flashback::DType::bf16), fb_cpu_kernels_isa(FB_BF16));
+  EXPECT_EQ(fb_cpu_kernels_isa(static_cast<fb_dtype>(7)), nullptr);
+}
+
 TEST(Info, StatusNames) {
   EXPECT_STREQ(fb_status_name(FB_SUCCESS), "FB_SUCCESS");
   EXPECT_STREQ(fb_status_name(FB_ERROR_INVALID_ARGUMENT), "FB_ERROR_INVALID_ARGUMENT");

@@ -25,6 +25,10 @@ int run_info(const InfoFlags& f) {
                         {"isa", fb_cpu_isa()},
                         {"threads", default_threads()},
                         {"FLASHBACK_ISA", isa_cap ? isa_cap : ""},
+                        {"kernels",
+                         {{"f32", fb_cpu_kernels_isa(FB_F32)},
+                          {"bf16", fb_cpu_kernels_isa(FB_BF16)},
+                          {"f16", fb_cpu_kernels_isa(FB_F16)}}},
                         {"FLASHBACK_EMULATION", emulation ? emulation : ""},
                         {"FLASHBACK_NUM_THREADS", threads_env ? threads_env : ""}};
     std::cout << j.dump(2) << std::endl;
@@ -36,6 +40,8 @@ int run_info(const InfoFlags& f) {
   if (emulation && *emulation)
     std::printf("         FLASHBACK_EMULATION=%s: levels this machine lacks run emulated (tests; slow)\n",
                 emulation);
+  std::printf("kernels: f32 %s, bf16 %s, f16 %s  (the level of each dtype's kernels; README \"Instruction sets\")\n",
+              fb_cpu_kernels_isa(FB_F32), fb_cpu_kernels_isa(FB_BF16), fb_cpu_kernels_isa(FB_F16));
   std::printf("threads: %d  (%s)\n", default_threads(),
               threads_env ? ("FLASHBACK_NUM_THREADS=" + std::string(threads_env)).c_str()
                           : "OpenMP's default; set FLASHBACK_NUM_THREADS or --threads to change it");

@@ -157,6 +157,10 @@ inline void backward(const TensorView& dout, const TensorView& q, const TensorVi
 }
 
 inline std::string cpu_isa() { return fb_cpu_isa(); }
+inline std::string cpu_kernels_isa(DType dtype) {
+  const char* isa = fb_cpu_kernels_isa(static_cast<fb_dtype>(dtype));
+  return isa ? isa : "";
+}
 inline int default_num_threads() { return fb_default_num_threads(); }
 inline std::string version() { return fb_version(); }
 

@@ -9,6 +9,7 @@
 #include "core/problem.h"
 #include "cpu/backend.h"
 #include "cpu/isa.h"
+#include "cpu/kernels.h"
 #include "flashback/flashback.h"
 
 namespace {
@@ -156,5 +157,12 @@ const char* fb_status_name(fb_status status) {
 const char* fb_version(void) { return "0.1.0"; }
 
 const char* fb_cpu_isa(void) { return flashback::cpu::active_isa_name(); }
+
+const char* fb_cpu_kernels_isa(fb_dtype dtype) {
+  if (dtype != FB_F32 && dtype != FB_BF16 && dtype != FB_F16) return nullptr;
+  const flashback::cpu::Isa active = flashback::cpu::active_isa();
+  return flashback::cpu::level_name(
+      flashback::cpu::kernels_for(active, static_cast<flashback::core::DType>(dtype)).isa);
+}
 
 } // extern "C"

@@ -149,9 +149,11 @@ Isa active_isa() {
   return isa;
 }
 
-const char* active_isa_name() {
-  if (active_isa() <= machine_isa()) return isa_name(active_isa());
-  switch (active_isa()) {
+const char* active_isa_name() { return level_name(active_isa()); }
+
+const char* level_name(Isa isa) {
+  if (isa <= machine_isa()) return isa_name(isa);
+  switch (isa) {
     case Isa::avx512: return "avx512-emulated";
     case Isa::avx512bf16: return "avx512bf16-emulated";
     default: return "amx-emulated";

@@ -34,7 +34,9 @@ Isa emulated_level(); // <level> when the emulation is on, else scalar
 // where that level is emulated. FLASHBACK_BF16_DOT=1 asks for it at any level from avx512bf16 up
 // (amx included, instead of the tiles), =0 never (for tests and benchmarks).
 bool bf16_dot_preferred();
-// The name of active_isa(), with "-emulated" when the machine lacks it.
+// The name of a level, with "-emulated" when the machine lacks it.
+const char* level_name(Isa isa);
+// level_name(active_isa()).
 const char* active_isa_name();
 
 } // namespace flashback::cpu

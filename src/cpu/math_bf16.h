@@ -1,5 +1,5 @@
 // Tile math with bf16 products and f32 accumulation, for bf16 storage, over a bf16 GEMM microkernel
-// (`BMicro`: AMX tiles, real or emulated, in amx/). Operands are packed into the two formats
+// (`BMicro`: AMX tiles, real or emulated, in amx/; or vdpbf16ps, dot_bf16_micro.h). Operands are packed into the two formats
 // of avx512/pack_bf16.h; the softmax, the masks and every accumulation stay in f32.
 //
 // P and dS, computed in f32, enter their products as hi + lo, two bf16 each (|x - hi - lo| <= 2^-16

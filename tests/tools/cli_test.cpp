@@ -526,6 +526,10 @@ TEST_F(Cli, InfoAndHelp) {
   ASSERT_EQ(j.code, 0);
   EXPECT_FALSE(nlohmann::json::parse(j.out)["version"].get<std::string>().empty());
   EXPECT_TRUE(nlohmann::json::parse(j.out).contains("FLASHBACK_EMULATION")) << j.out;
+  EXPECT_NE(info.out.find("kernels:"), std::string::npos) << info.out;
+  const nlohmann::json kernels = nlohmann::json::parse(j.out)["kernels"];
+  for (const char* dtype : {"f32", "bf16", "f16"}) EXPECT_FALSE(kernels[dtype].get<std::string>().empty()) << j.out;
+  EXPECT_EQ(kernels["f16"], kernels["f32"]) << j.out; // f16 runs the f32 kernels everywhere
   for (const char* cmd : {"", "bench ", "check ", "forward ", "backward ", "info "}) {
     const Result h = run(std::string(cmd) + "--help");
     EXPECT_EQ(h.code, 0) << cmd;
