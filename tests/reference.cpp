@@ -69,7 +69,8 @@ void forward(const Shape& s, const Options& o, const std::vector<double>& q, con
 
 void backward(const Shape& s, const Options& o, const std::vector<double>& q, const std::vector<double>& k,
               const std::vector<double>& v, const std::vector<double>& dout, std::vector<double>& dq,
-              std::vector<double>& dk, std::vector<double>& dv, std::vector<double>& delta) {
+              std::vector<double>& dk, std::vector<double>& dv, std::vector<double>& delta,
+              const std::vector<double>* o_given) {
   const int64_t group = s.heads_q / s.heads_kv;
   const double scale = scale_of(s, o);
   dq.assign(q.size(), 0.0);
@@ -93,6 +94,10 @@ void backward(const Shape& s, const Options& o, const std::vector<double>& q, co
           dp[j] = 0;
           for (int64_t x = 0; x < s.head_dim_v; ++x) dp[j] += g[x] * vh[j * s.head_dim_v + x];
           dl += p[j] * dp[j];
+        }
+        if (o_given) {
+          dl = 0;
+          for (int64_t x = 0; x < s.head_dim_v; ++x) dl += g[x] * (*o_given)[row * s.head_dim_v + x];
         }
         delta[row] = dl;
         for (int64_t j = 0; j < s.seqlen_k; ++j) {

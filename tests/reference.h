@@ -27,10 +27,13 @@ double scale_of(const Shape& s, const Options& o);
 void forward(const Shape& s, const Options& o, const std::vector<double>& q, const std::vector<double>& k,
              const std::vector<double>& v, std::vector<double>& out, std::vector<double>& lse);
 
-// Gradients of sum(dout * o) with respect to q, k, v; delta = rowsum(dout * o).
+// Gradients of sum(dout * o) with respect to q, k, v; delta = rowsum(dout * o). With o_given, the
+// backward of an attention whose forward returned o_given (rounded, as a half-precision forward's o
+// is): delta = rowsum(dout * o_given), as the library computes it from the o it is given.
 void backward(const Shape& s, const Options& o, const std::vector<double>& q, const std::vector<double>& k,
               const std::vector<double>& v, const std::vector<double>& dout, std::vector<double>& dq,
-              std::vector<double>& dk, std::vector<double>& dv, std::vector<double>& delta);
+              std::vector<double>& dk, std::vector<double>& dv, std::vector<double>& delta,
+              const std::vector<double>* o_given = nullptr);
 
 // Row-level pieces, for checking samples of large problems (flashback bench / check).
 // All arrays are the same dense [B, H, S, D] layouts as above.
