@@ -220,7 +220,7 @@ const KernelSet& kernels_for(Isa isa, core::DType dtype) {
 #if defined(FLASHBACK_HAVE_AVX2_KERNELS)
   if (isa >= Isa::avx2) return kernels_avx2(dtype);
 #endif
-  (void)isa;
+  (void)isa, (void)machine, (void)bf16_dot; // used only where this build has x86 kernels
   return kernels_scalar(dtype);
 }
 
