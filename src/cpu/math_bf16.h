@@ -164,6 +164,7 @@ struct MathBf16 {
         const int32_t lo = mask ? mask->lo : INT32_MIN;
         const int32_t hi = static_cast<int32_t>(mask ? min64(mask->hi, cols - 1 - r) : cols - 1 - r);
         auto logits = [&](int64_t c0) {
+          if (!mask && c0 + 16 <= cols) return V::mul(V::loadu(srow + c0), mul); // every lane visible
           const typename V::reg x = V::mul(V::load(srow + c0, static_cast<int>(min64(16, cols - c0))), mul);
           return V::select(V::in_band(static_cast<int32_t>(c0 - r), 1, lo, hi), x, neg_inf);
         };
