@@ -90,7 +90,7 @@ Isa machine_isa() {
 
 // AMD family 26 (Zen 5) and later: vdpbf16ps at 1.8x the FLOP rate of f32 FMA, measured
 // (BENCHMARKS.md); Intel's AVX512_BF16 Xeons run it at half, Zen 4 no faster.
-bool bf16_dot_fast() {
+static bool bf16_dot_fast() {
   unsigned a, b, c, d;
   if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
   const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; // "AuthenticAMD"
@@ -100,7 +100,7 @@ bool bf16_dot_fast() {
 }
 #else
 Isa machine_isa() { return Isa::scalar; }
-bool bf16_dot_fast() { return false; }
+static bool bf16_dot_fast() { return false; }
 #endif
 
 bool bf16_dot_preferred() {
