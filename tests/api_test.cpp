@@ -317,6 +317,21 @@ TEST_F(Api, DefaultThreadCount) {
   EXPECT_NE(forward_bytes(expected), forward_bytes(expected + 1)) << "the workspace does not depend on the threads";
 }
 
+// A level's name as fb_cpu_isa() gives it: the level, and whether it ends in "-emulated".
+struct NamedLevel {
+  flashback::cpu::Isa isa = flashback::cpu::Isa::scalar;
+  bool emulated = false;
+};
+NamedLevel level_of(const char* name) {
+  std::string s = name ? name : "(null)";
+  const std::string suffix = "-emulated";
+  NamedLevel l;
+  l.emulated = s.size() > suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+  if (l.emulated) s.resize(s.size() - suffix.size());
+  EXPECT_TRUE(flashback::cpu::parse_isa(s.c_str(), &l.isa)) << (name ? name : "(null)");
+  return l;
+}
+
 TEST(Info, VersionAndIsa) {
   const std::string version = fb_version();
   EXPECT_EQ(version, std::to_string(FLASHBACK_VERSION_MAJOR) + "." + std::to_string(FLASHBACK_VERSION_MINOR) + "." +
@@ -325,11 +340,9 @@ TEST(Info, VersionAndIsa) {
   const std::string isa = fb_cpu_isa();
   EXPECT_EQ(flashback::cpu_isa(), isa);
   // "<level>-emulated" exactly when the level is above the machine's (FLASHBACK_EMULATION).
-  const std::string suffix = "-emulated";
-  const bool emulated = isa.size() > suffix.size() && isa.substr(isa.size() - suffix.size()) == suffix;
-  const std::string level = emulated ? isa.substr(0, isa.size() - suffix.size()) : isa;
-  flashback::cpu::Isa parsed;
-  ASSERT_TRUE(flashback::cpu::parse_isa(level.c_str(), &parsed)) << isa;
+  const NamedLevel named = level_of(isa.c_str());
+  const bool emulated = named.emulated;
+  const flashback::cpu::Isa parsed = named.isa;
   EXPECT_EQ(parsed, flashback::cpu::active_isa());
   if (emulated)
     EXPECT_GT(parsed, flashback::cpu::machine_isa()) << isa << " on a machine that has it";
@@ -342,15 +355,7 @@ TEST(Info, VersionAndIsa) {
 // vdpbf16ps) and else the f32 kernels'; NULL for a value that is no dtype.
 TEST(Info, KernelsIsa) {
   using flashback::cpu::Isa;
-  auto level_of = [](const char* name) {
-    std::string s = name ? name : "(null)";
-    const std::string suffix = "-emulated";
-    if (s.size() > suffix.size() && s.substr(s.size() - suffix.size()) == suffix) s.resize(s.size() - suffix.size());
-    Isa isa = Isa::scalar;
-    EXPECT_TRUE(flashback::cpu::parse_isa(s.c_str(), &isa)) << s;
-    return isa;
-  };
-  const Isa f32 = level_of(fb_cpu_kernels_isa(FB_F32)), bf16 = level_of(fb_cpu_kernels_isa(FB_BF16));
+  const Isa f32 = level_of(fb_cpu_kernels_isa(FB_F32)).isa, bf16 = level_of(fb_cpu_kernels_isa(FB_BF16)).isa;
   EXPECT_STREQ(fb_cpu_kernels_isa(FB_F16), fb_cpu_kernels_isa(FB_F32));
   EXPECT_LE(f32, flashback::cpu::active_isa());
   EXPECT_LE(f32, Isa::avx512);

@@ -17,6 +17,7 @@
 
 #include "cpu/blocks.h"
 #include "cpu/half.h"
+#include "cpu/micro_f32.h"
 #include "cpu/tiles.h"
 
 namespace flashback::cpu {
@@ -27,11 +28,12 @@ struct DotBf16Micro {
   using V = Vec;
   using W = Words;
   using Pack = PackOps;
+  using F = MicroF32<V>; // the C tile's loads and stores, and the tiling of C
   using R = typename V::reg;
   using K = typename V::mask;
   static constexpr Isa isa = Isa::avx512bf16;
   static constexpr int64_t kK = 16; // operands zero-padded to 16 k (8 pairs)
-  static constexpr int L = 16, MR = V::kMR, NV = V::kNV;
+  static constexpr int L = 16, MR = F::MR, NV = F::NV;
   static_assert(V::lanes == 16);
 
   static Tiles tiles(const core::Problem& p, bool backward) {
@@ -46,19 +48,7 @@ struct DotBf16Micro {
   static void tile(int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda, const bf16* b, int64_t ldb, float* c,
                    int64_t ldc, bool acc, const float* row_scale, K last) {
     R cr[mr][nv];
-#pragma GCC unroll 8
-    for (int r = 0; r < mr; ++r) {
-      const R s = row_scale ? V::set1(row_scale[r]) : V::set1(1.0f);
-#pragma GCC unroll 4
-      for (int v = 0; v < nv; ++v) {
-        if (!acc) {
-          cr[r][v] = V::zero();
-        } else {
-          const float* p = c + r * ldc + v * L;
-          cr[r][v] = V::mul(kTail && v == nv - 1 ? V::load_masked(p, last) : V::loadu(p), s);
-        }
-      }
-    }
+    F::template load_c<mr, nv, kTail>(cr, c, ldc, acc, row_scale, last);
     for (int64_t k = 0; k < kk; k += 2) {
       const bf16* brow = b + (k / 2) * ldb;
       typename W::reg bv[nv];
@@ -76,16 +66,7 @@ struct DotBf16Micro {
         }
       }
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < mr; ++r)
-#pragma GCC unroll 4
-      for (int v = 0; v < nv; ++v) {
-        float* p = c + r * ldc + v * L;
-        if (kTail && v == nv - 1)
-          V::store_masked(p, last, cr[r][v]);
-        else
-          V::storeu(p, cr[r][v]);
-      }
+    F::template store_c<mr, nv, kTail>(cr, c, ldc, last);
   }
 
   using TileFn = void (*)(int64_t, const bf16*, const bf16*, int64_t, const bf16*, int64_t, float*, int64_t, bool,
@@ -111,27 +92,16 @@ struct DotBf16Micro {
       return pick_tile<mr + 1>(want_mr, want_nv, tail, lo);
     }
   }
-  // As MicroF32::row_tile: the last MR + 1 to 2 MR - 1 rows in two tiles of about equal height.
-  static int64_t row_tile(int64_t rest) { return rest > MR && rest < 2 * MR ? (rest + 1) / 2 : min64(MR, rest); }
-
   // C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) B; A, A_lo bf16 [m][kk] (lda), B VNNI [kk/2][ldb]
-  // with >= round_up(n, 16) columns, kk a multiple of kK; only C[m][n] is read or written. Column
-  // panels of NV vectors outside (the panel of B stays in L1), row tiles of MR inside.
+  // with >= round_up(n, 16) columns, kk a multiple of kK; only C[m][n] is read or written. Tiled as
+  // MicroF32 tiles f32 (MicroF32::for_each_tile).
   static void gemm(int64_t m, int64_t n, int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda, const bf16* b,
                    int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale) {
-    for (int64_t c0 = 0; c0 < n; c0 += NV * L) {
-      const int64_t width = min64(NV * L, n - c0);
-      const int nv = static_cast<int>((width + L - 1) / L);
-      const int rem = static_cast<int>(width - (nv - 1) * L);
-      const K last = V::first_lanes(rem);
-      const bool tail = rem != L;
-      for (int64_t r0 = 0, mr = 0; r0 < m; r0 += mr) {
-        mr = row_tile(m - r0);
-        const TileFn fn = pick_tile(static_cast<int>(mr), nv, tail, a_lo != nullptr);
-        fn(kk, a + r0 * lda, a_lo ? a_lo + r0 * lda : nullptr, lda, b + 2 * c0, ldb, c + r0 * ldc + c0, ldc, acc,
-           row_scale ? row_scale + r0 : nullptr, last);
-      }
-    }
+    F::for_each_tile(m, n, [&](int64_t r0, int64_t mr, int64_t c0, int nv, bool tail, K last) {
+      pick_tile(static_cast<int>(mr), nv, tail, a_lo != nullptr)(
+          kk, a + r0 * lda, a_lo ? a_lo + r0 * lda : nullptr, lda, b + 2 * c0, ldb, c + r0 * ldc + c0, ldc, acc,
+          row_scale ? row_scale + r0 : nullptr, last);
+    });
   }
 };
 

@@ -40,19 +40,7 @@ struct MicroF32 {
   static void tile(const Segment* seg, int nseg, int64_t a_off, int64_t ars, int64_t aks, int64_t b_off, int64_t ldb,
                    float* c, int64_t ldc, bool acc, const float* row_scale, K last) {
     R cr[mr][nv];
-#pragma GCC unroll 8
-    for (int r = 0; r < mr; ++r) {
-      const R s = row_scale ? V::set1(row_scale[r]) : V::set1(1.0f);
-#pragma GCC unroll 4
-      for (int v = 0; v < nv; ++v) {
-        if (!acc) {
-          cr[r][v] = V::zero();
-        } else {
-          const float* p = c + r * ldc + v * L;
-          cr[r][v] = V::mul(kTail && v == nv - 1 ? V::load_masked(p, last) : V::loadu(p), s);
-        }
-      }
-    }
+    load_c<mr, nv, kTail>(cr, c, ldc, acc, row_scale, last);
     for (int sg = 0; sg < nseg; ++sg) {
       const float* ar[mr];
 #pragma GCC unroll 8
@@ -72,6 +60,31 @@ struct MicroF32 {
         }
       }
     }
+    store_c<mr, nv, kTail>(cr, c, ldc, last);
+  }
+
+  // A tile's C registers from memory, (acc ? row_scale[r] * C : 0), the last vector of each row masked
+  // by `last` when kTail; and back. Shared with the bf16 microkernel (dot_bf16_micro.h); always
+  // inlined, so that cr stays in registers.
+  template <int mr, int nv, bool kTail>
+  [[gnu::always_inline]] static inline void load_c(R (&cr)[mr][nv], const float* c, int64_t ldc, bool acc,
+                                                   const float* row_scale, K last) {
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; ++r) {
+      const R s = row_scale ? V::set1(row_scale[r]) : V::set1(1.0f);
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; ++v) {
+        if (!acc) {
+          cr[r][v] = V::zero();
+        } else {
+          const float* p = c + r * ldc + v * L;
+          cr[r][v] = V::mul(kTail && v == nv - 1 ? V::load_masked(p, last) : V::loadu(p), s);
+        }
+      }
+    }
+  }
+  template <int mr, int nv, bool kTail>
+  [[gnu::always_inline]] static inline void store_c(R (&cr)[mr][nv], float* c, int64_t ldc, K last) {
 #pragma GCC unroll 8
     for (int r = 0; r < mr; ++r)
 #pragma GCC unroll 4
@@ -118,6 +131,17 @@ struct MicroF32 {
   // cache), row tiles of MR inside.
   static void gemm_sum(int64_t m, int64_t n, const Segment* seg, int nseg, int64_t ars, int64_t aks, int64_t ldb,
                        float* c, int64_t ldc, bool acc, const float* row_scale) {
+    for_each_tile(m, n, [&](int64_t r0, int64_t mr, int64_t c0, int nv, bool tail, K last) {
+      pick_tile(static_cast<int>(mr), nv, tail)(seg, nseg, r0 * ars, ars, aks, c0, ldb, c + r0 * ldc + c0, ldc, acc,
+                                                row_scale ? row_scale + r0 : nullptr, last);
+    });
+  }
+
+  // The tiles of C[m][n], fn(r0, mr, c0, nv, tail, last) for each: column panels of NV vectors outside,
+  // row tiles of row_tile() rows inside; the panel's last vector holds `last` of its lanes when tail.
+  // Shared with the bf16 microkernel (dot_bf16_micro.h).
+  template <class Fn>
+  static void for_each_tile(int64_t m, int64_t n, const Fn& fn) {
     for (int64_t c0 = 0; c0 < n; c0 += NV * L) {
       const int64_t width = min64(NV * L, n - c0);
       const int nv = static_cast<int>((width + L - 1) / L);
@@ -126,8 +150,7 @@ struct MicroF32 {
       const bool tail = rem != L;
       for (int64_t r0 = 0, mr = 0; r0 < m; r0 += mr) {
         mr = row_tile(m - r0);
-        pick_tile(static_cast<int>(mr), nv, tail)(seg, nseg, r0 * ars, ars, aks, c0, ldb, c + r0 * ldc + c0, ldc,
-                                                  acc, row_scale ? row_scale + r0 : nullptr, last);
+        fn(r0, mr, c0, nv, tail, last);
       }
     }
   }

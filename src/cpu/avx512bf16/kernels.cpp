@@ -1,5 +1,5 @@
 // bf16 products with AVX512_BF16's vdpbf16ps (dot_bf16_micro.h) for bf16 storage, on CPUs that run it
-// at twice the f32 FMA rate in FLOP (cpu/isa.h, bf16_dot_preferred); f32 and f16 run the AVX-512 f32
+// faster than f32 FMA per FLOP (cpu/isa.h, bf16_dot_preferred); f32 and f16 run the AVX-512 f32
 // kernels. Compiled with AVX-512 F/BW/DQ/VL/BF16 flags only; chosen at run time (cpu/isa.cpp).
 #include <immintrin.h>
 
@@ -13,8 +13,8 @@
 namespace flashback::cpu {
 namespace {
 
-// 16 words of two bf16 each; dot is vdpbf16ps (products exact in f32; like every AVX512_BF16
-// instruction it treats subnormal bf16 inputs as zero and flushes subnormal results).
+// 16 words of two bf16 each; dot is vdpbf16ps (products exact in f32; it treats subnormal bf16 inputs
+// as zero; the Zen 5 where it was tested keeps subnormal results).
 struct Bf16Words {
   using reg = __m512i;
   static reg load(const bf16* p) { return _mm512_loadu_si512(p); }
