@@ -317,6 +317,28 @@ TEST_F(Api, DefaultThreadCount) {
   EXPECT_NE(forward_bytes(expected), forward_bytes(expected + 1)) << "the workspace does not depend on the threads";
 }
 
+// Decoding against a long cache prepares its keys and values per tile, in each thread's scratch: the
+// forward's workspace holds no copy of the cache (math_f32.h, math_bf16.h: few_query_blocks), for
+// every dtype. A bf16 copy of K and V packed for the bf16 products once was the whole cache again, written
+// and read once more per decoding step (and allocated, when the library owns the workspace).
+TEST_F(Api, DecodingWorkspaceHoldsNoCopyOfTheCache) {
+  for (const fb_dtype dtype : {FB_F32, FB_BF16, FB_F16}) {
+    Case c;
+    c.dtype = dtype;
+    c.shape = {1, 8, 2, 1, 16384, 64, 64};
+    const fbtest::Inputs in = inputs_for(c);
+    const Outputs out = fbtest::make_outputs(c);
+    const fb_params p = c.params();
+    const fb_tensor q = in.q.raw(), k = in.k.raw(), v = in.v.raw(), o = out.o.raw(), lse = out.lse.raw();
+    size_t bytes = 0;
+    ASSERT_EQ(fb_forward_workspace_size(&q, &k, &v, &o, &lse, &p, &bytes), FB_SUCCESS) << fb_last_error();
+    const size_t cache = static_cast<size_t>(2 * c.shape.heads_kv * c.shape.seqlen_k * c.shape.head_dim) *
+                         (dtype == FB_F32 ? 4 : 2);
+    EXPECT_LT(bytes, cache / 4) << c.describe() << ": " << bytes << " bytes of workspace for " << cache
+                                << " bytes of K and V";
+  }
+}
+
 // A level's name as fb_cpu_isa() gives it: the level, and whether it ends in "-emulated".
 struct NamedLevel {
   flashback::cpu::Isa isa = flashback::cpu::Isa::scalar;

@@ -97,6 +97,13 @@ inline RowBlock row_block(int64_t item, int64_t heads, int64_t blocks, int64_t s
   return {bh / heads, bh % heads, block, first, min64(seqlen, first + size) - first};
 }
 
+// Whether the query side of a kv head is at most kMaxGroup query blocks (decoding, short chunks
+// against a long cache): then each key block serves one forward work item or few, and the tile maths
+// prepare K and V per tile, in the item's scratch, rather than once per call for the whole cache.
+inline bool few_query_blocks(const core::Problem& p, Tiles t) {
+  return p.group() * (round_up(p.seqlen_q, t.bm) / t.bm) <= kMaxGroup;
+}
+
 template <class T>
 T* row_ptr(const core::Strided4& t, int64_t b, int64_t h, int64_t s) {
   return static_cast<T*>(t.data) + b * t.sb + h * t.sh + s * t.ss;

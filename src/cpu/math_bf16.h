@@ -11,9 +11,11 @@
 // Partially masked tiles (the diagonal band of a causal or windowed mask) take their products with P and
 // dS in f32 instead, each row summing only the keys it sees (gemm_banded, blocks.h), so that a NaN or Inf
 // input behind a masked zero never reaches a row that does not see it; they are a small fraction of the
-// tiles.
+// tiles. So do the backward's query blocks of a few rows (BMicro::kF32Rows), whose bf16 forms of P and
+// dS would be mostly padding.
 //
-// BMicro provides: isa, tiles(), kK (the k granule: operands are zero-padded to it), begin() and end()
+// BMicro provides: isa, tiles(), kK (the k granule: operands are zero-padded to it), kF32Rows (the
+// backward's query blocks of at most this many rows take their products with P and dS in f32), begin() and end()
 // (a thread's tile state around its work items: thread_begin, thread_end below), and
 //   gemm(m, n, k, a, a_lo, lda, b, ldb, c, ldc, acc, row_scale):
 //     C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) B, a_lo may be null,
@@ -21,7 +23,9 @@
 //   up to round_up(n, 16) readable), f32 C with any m, n.
 //
 // Packed once per call (the `shared` workspace):
-//   forward:  per key block, K^T and V as B operands: ktb [Dk/2][2 BNp], vb [BNk/2][2 Dvn]
+//   forward:  per key block, K^T and V as B operands: ktb [Dk/2][2 BNp], vb [BNk/2][2 Dvn]; but
+//             per tile, into the work item's scratch, where each key block serves few query blocks
+//             (few_query_blocks: decoding, short chunks against a long cache)
 //   backward: per query block, Q and dO as A and as B operands: qa [BMp][Dk], qb [BMk/2][2 Dn],
 //             doa [BMp][Dvk], dob [BMk/2][2 Dvn]
 // (Dk = D rounded up to kK, Dn = D rounded up to 16, likewise for Dv, BM, BN.)
@@ -67,34 +71,47 @@ struct MathBf16 {
 
   // --- Forward -------------------------------------------------------------------------------------
 
+  // K^T and V are packed once per call when each key block serves many query blocks. Where it serves
+  // few (decoding: one block of the G rows of a kv head's query heads), that packed copy of the whole
+  // cache (as large as K and V) would be written and read once more for a product or two: decoding
+  // (Hq = 32, Hk = 8, Sk = 8192, D = 128) took 1.3x the time of the f32 kernels on converted K and V,
+  // and 5x when the library allocated the workspace in the call. There each work item packs its key
+  // blocks itself, into its first block's scratch, which the item's query blocks share
+  // (share_converted): the same packed values, the same bits.
+  static bool packs_per_tile(const core::Problem& p, Tiles t) { return few_query_blocks(p, t); }
+
   static size_t forward_shared_bytes(const core::Problem& p, Tiles t) {
+    if (packs_per_tile(p, t)) return 0;
     return static_cast<size_t>(p.batch * p.heads_kv * round_up(p.seqlen_k, t.bn) / t.bn * Dims(p, t).kv_block()) *
            sizeof(bf16);
   }
   static int64_t forward_prepare_items(const ForwardJob& job) {
-    return job.p->batch * job.p->heads_kv * job.kv_blocks;
+    return packs_per_tile(*job.p, job.tiles) ? 0 : job.p->batch * job.p->heads_kv * job.kv_blocks;
   }
   static bf16* kv_block(const ForwardJob& job, const Dims& z, int64_t b, int64_t hk, int64_t jb) {
     return reinterpret_cast<bf16*>(job.shared) + ((b * job.p->heads_kv + hk) * job.kv_blocks + jb) * z.kv_block();
   }
-  // Packs key block `item` = (b, hk, jb): ktb = K^T (k = d), vb = V (k = key).
+  // ktb = K^T (k = d) and then vb = V (k = key) of the `rows` keys from j0: kv_block() elements.
+  static void pack_kv(const core::Problem& p, const Dims& z, int64_t b, int64_t hk, int64_t j0, int64_t rows,
+                      bf16* ktb) {
+    bf16* vb = ktb + round_up(z.dk / 2 * 2 * z.bnp, 32);
+    Pack::vnni_t(row_ptr<const T>(p.k, b, hk, j0), p.k.ss, rows, p.head_dim, ktb, 2 * z.bnp, z.dk, z.bnp);
+    Pack::vnni(row_ptr<const T>(p.v, b, hk, j0), p.v.ss, rows, p.head_dim_v, vb, 2 * z.dvn, z.bnk, z.dvn);
+  }
+  // Packs key block `item` = (b, hk, jb) into the shared workspace.
   static void forward_prepare(const ForwardJob& job, int64_t item) {
     const core::Problem& p = *job.p;
     const Dims z(p, job.tiles);
     const RowBlock k = row_block(item, p.heads_kv, job.kv_blocks, job.tiles.bn, p.seqlen_k);
-    const T* ksrc = row_ptr<const T>(p.k, k.b, k.head, k.first);
-    const T* vsrc = row_ptr<const T>(p.v, k.b, k.head, k.first);
-    bf16* ktb = kv_block(job, z, k.b, k.head, k.block);
-    bf16* vb = ktb + round_up(z.dk / 2 * 2 * z.bnp, 32);
-    Pack::vnni_t(ksrc, p.k.ss, k.rows, p.head_dim, ktb, 2 * z.bnp, z.dk, z.bnp);
-    Pack::vnni(vsrc, p.v.ss, k.rows, p.head_dim_v, vb, 2 * z.dvn, z.bnk, z.dvn);
+    pack_kv(p, z, k.b, k.head, k.first, k.rows, kv_block(job, z, k.b, k.head, k.block));
   }
 
   // Per-thread scratch of the forward: qa [BMp][Dk] bf16, s [BMp][BNp] f32, pa, pa_lo [BMp][BNk] bf16
-  // (P as hi + lo), oacc [BMp][Dvn] f32, m, l, alpha [BMp] f32, vf [BN][Dvn] f32 (V of a masked tile).
+  // (P as hi + lo), oacc [BMp][Dvn] f32, m, l, alpha [BMp] f32, vf [BN][Dvn] f32 (V of a masked tile),
+  // and only where K and V are packed per tile (packs_per_tile), kv: kv_block() bf16.
   struct ForwardScratch {
     Dims z;
-    bf16 *qa, *pa, *pa_lo;
+    bf16 *qa, *pa, *pa_lo, *kv;
     float *s, *oacc, *m, *l, *alpha, *vf;
     ForwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) : z(p, t) {
       Carver c{base};
@@ -107,6 +124,7 @@ struct MathBf16 {
       l = c.floats(z.bmp);
       alpha = c.floats(z.bmp);
       vf = c.floats(t.bn * z.dvn);
+      kv = packs_per_tile(p, t) ? c.take<bf16>(z.kv_block()) : nullptr;
       if (bytes) *bytes = c.used;
     }
   };
@@ -125,7 +143,17 @@ struct MathBf16 {
 
     void add(int64_t b, int64_t hk, int64_t j0, int64_t cols, const Mask* mask, bool first) {
       const Dims& z = s_.z;
-      const bf16* ktb = kv_block(job_, z, b, hk, j0 / job_.tiles.bn);
+      const bf16* ktb = nullptr;
+      if (s_.kv) { // packed here (packs_per_tile), once for the item's query blocks
+        Forward& owner = *kv_owner_;
+        if (owner.kv_j0_ != j0) {
+          pack_kv(p_, z, b, hk, j0, cols, owner.s_.kv);
+          owner.kv_j0_ = j0;
+        }
+        ktb = owner.s_.kv;
+      } else {
+        ktb = kv_block(job_, z, b, hk, j0 / job_.tiles.bn);
+      }
       const bf16* vb = ktb + round_up(z.dk / 2 * 2 * z.bnp, 32);
       // s [rows][cols] = Q K^T (unscaled)
       BMicro::gemm(rows_, cols, z.dk, s_.qa, nullptr, z.dk, ktb, 2 * z.bnp, s_.s, z.bnp, false, nullptr);
@@ -140,6 +168,10 @@ struct MathBf16 {
       BMicro::gemm(rows_, p_.head_dim_v, round_up(cols, kK), s_.pa, s_.pa_lo, z.bnk, vb, 2 * z.dvn, s_.oacc, z.dvn,
                    !first, first ? nullptr : s_.alpha);
     }
+
+    // The query blocks of a work item share one kv head: K and V packed per tile (packs_per_tile) are
+    // packed once per key block, into `owner`'s scratch, and read there by every block of the item.
+    void share_converted(Forward& owner) { kv_owner_ = &owner; }
 
     // The block's rows of O (bf16, or f32 partial rows when the keys are split) and of the LSE.
     template <class U>
@@ -195,6 +227,8 @@ struct MathBf16 {
     const core::Problem& p_;
     ForwardScratch s_;
     int64_t rows_ = 0;
+    Forward* kv_owner_ = this; // whose kv holds the packed key block (share_converted)
+    int64_t kv_j0_ = -1;       // the first key of the block packed into this one's kv
   };
 
   // --- Backward ------------------------------------------------------------------------------------
@@ -238,7 +272,7 @@ struct MathBf16 {
   //   pta [BNp][BMk], dsta [BNp][BMk], dsa [BMp][BNk] bf16     P^T, dS^T, dS as A operands (hi), and
   //   pta_lo, dsta_lo, dsa_lo likewise                          (lo)
   //   dk [BNp][Dn], dv [BNp][Dvn] f32                           the key block's accumulators
-  //   kf [BN][Dn], qf [BM][Dn], dof [BM][Dvn] f32                K, Q, dO of partially masked tiles
+  //   kf [BN][Dn], qf [BM][Dn], dof [BM][Dvn] f32                K, Q, dO of tiles with f32 products
   struct BackwardScratch {
     Dims z;
     bf16 *ktb, *vtb, *kb, *pta, *dsta, *dsa, *pta_lo, *dsta_lo, *dsa_lo;
@@ -285,8 +319,25 @@ struct MathBf16 {
       if (job_.need_dv) fill(s_.dv, cols * z.dvn, 0.0f);
     }
 
-    // A query block of head h: S, P, dV, dP, dS, dK. A partially masked tile takes its products in f32,
-    // each output row over what it sees: k - row in [-hi, -lo] for dV, dK (rows = keys, k = queries).
+    // A query block of at most BMicro::kF32Rows rows takes its products with P and dS in f32: their
+    // bf16 forms pad the k of dV and dK (the block's rows) to kK and hold two bf16 each, so that a
+    // block of a few rows (a short query side: decoding's backward, a chunk of a few tokens) costs as
+    // much as a full granule.
+    static constexpr int64_t kF32Rows = BMicro::kF32Rows;
+
+    // C += A B in f32 for a tile whose products are in f32 (f32_products_); under a mask each output
+    // row sums only what it sees: k - row in [lo, hi] for dQ (rows = queries, k = keys), [-hi, -lo] for
+    // dV, dK.
+    void product_f32(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
+                     int64_t ldb, float* c, int64_t ldc, bool keys_are_k) {
+      if (!masked_) return F::gemm(m, n, kk, a, ars, aks, b, ldb, c, ldc, true, nullptr);
+      const int64_t lo = keys_are_k ? tile_mask_.lo : -tile_mask_.hi, hi = keys_are_k ? tile_mask_.hi : -tile_mask_.lo;
+      F::gemm_banded(m, n, kk, a, ars, aks, b, ldb, c, ldc, true, nullptr, lo, hi);
+    }
+
+    // A query block of head h: S, P, dV, dP, dS, dK. A partially masked tile, and a block of at most
+    // kF32Rows rows, take their products with P and dS in f32, a masked tile's each output row over
+    // what it sees.
     void add(int64_t b, int64_t h, int64_t i0, int64_t rows, const Mask* mask) {
       const Dims& z = s_.z;
       const int64_t bh = b * p_.heads_q + h, row0 = bh * p_.seqlen_q + i0, cols = cols_;
@@ -295,15 +346,15 @@ struct MathBf16 {
       rows_ = rows;
       if (mask) tile_mask_ = *mask;
       masked_ = mask != nullptr;
+      f32_products_ = masked_ || rows <= kF32Rows;
       // s [rows][cols] = Q K^T, then P = exp2(S * scale * log2(e) - lse2), 0 where masked
       BMicro::gemm(rows, cols, z.dk, q.qa, nullptr, z.dk, s_.ktb, 2 * z.bnp, s_.s, z.bnp, false, nullptr);
       F::probs(s_.s, z.bnp, rows, cols, log2_scale(p_), job_.lse2 + row0, mask);
       // dv [cols][Dv] += P^T dO
       if (job_.need_dv) {
-        if (masked_) {
+        if (f32_products_) {
           F::load_rows(row_ptr<const T>(p_.dout, b, h, i0), p_.dout.ss, rows, p_.head_dim_v, s_.dof, z.dvn);
-          F::gemm_banded(cols, p_.head_dim_v, rows, s_.s, 1, z.bnp, s_.dof, z.dvn, s_.dv, z.dvn, true, nullptr,
-                         -mask->hi, -mask->lo);
+          product_f32(cols, p_.head_dim_v, rows, s_.s, 1, z.bnp, s_.dof, z.dvn, s_.dv, z.dvn, false);
         } else {
           Pack::split_f32_t(s_.s, z.bnp, rows, cols, s_.pta, s_.pta_lo, z.bmk, z.bnp);
           BMicro::gemm(cols, p_.head_dim_v, rk, s_.pta, s_.pta_lo, z.bmk, q.dob, 2 * z.dvn, s_.dv, z.dvn, true,
@@ -316,26 +367,24 @@ struct MathBf16 {
       F::dscores(s_.s, s_.dp, z.bnp, rows, cols, job_.delta + row0, p_.scale, mask);
       // dk [cols][D] += dS^T Q
       if (job_.need_dk) {
-        if (masked_) {
+        if (f32_products_) {
           F::load_rows(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, s_.qf, z.dn);
-          F::gemm_banded(cols, p_.head_dim, rows, s_.dp, 1, z.bnp, s_.qf, z.dn, s_.dk, z.dn, true, nullptr, -mask->hi,
-                         -mask->lo);
+          product_f32(cols, p_.head_dim, rows, s_.dp, 1, z.bnp, s_.qf, z.dn, s_.dk, z.dn, false);
         } else {
           Pack::split_f32_t(s_.dp, z.bnp, rows, cols, s_.dsta, s_.dsta_lo, z.bmk, z.bnp);
           BMicro::gemm(cols, p_.head_dim, rk, s_.dsta, s_.dsta_lo, z.bmk, q.qb, 2 * z.dn, s_.dk, z.dn, true, nullptr);
         }
       }
-      if (job_.need_dq && !masked_) Pack::split_f32(s_.dp, z.bnp, rows, cols, s_.dsa, s_.dsa_lo, z.bnk, z.bmp);
+      if (job_.need_dq && !f32_products_) Pack::split_f32(s_.dp, z.bnp, rows, cols, s_.dsa, s_.dsa_lo, z.bnk, z.bmp);
     }
 
-    // dq [rows][D] += dS K for the last add() (masked: in f32, each row over the keys it sees).
+    // dq [rows][D] += dS K for the last add() (in f32 where its other products were).
     void add_dq(float* dq, int64_t ld) {
       const Dims& z = s_.z;
-      if (masked_) {
+      if (f32_products_) {
         if (!kf_ready_) F::load_rows(k_, p_.k.ss, cols_, p_.head_dim, s_.kf, z.dn);
         kf_ready_ = true;
-        F::gemm_banded(rows_, p_.head_dim, cols_, s_.dp, z.bnp, 1, s_.kf, z.dn, dq, ld, true, nullptr, tile_mask_.lo,
-                       tile_mask_.hi);
+        product_f32(rows_, p_.head_dim, cols_, s_.dp, z.bnp, 1, s_.kf, z.dn, dq, ld, true);
         return;
       }
       BMicro::gemm(rows_, p_.head_dim, round_up(cols_, kK), s_.dsa, s_.dsa_lo, z.bnk, s_.kb, 2 * z.dn, dq, ld, true,
@@ -355,7 +404,7 @@ struct MathBf16 {
     const BackwardJob& job_;
     const core::Problem& p_;
     BackwardScratch s_;
-    bool need_ds_ = false, masked_ = false, kf_ready_ = false;
+    bool need_ds_ = false, masked_ = false, f32_products_ = false, kf_ready_ = false;
     int64_t cols_ = 0, rows_ = 0;
     const T* k_ = nullptr;
     Mask tile_mask_{};

@@ -79,15 +79,12 @@ struct MathF32 {
   }
 
   // Forward: K and V are converted once per call (the prepare phase) when each key block serves many
-  // query blocks. When the query side of a kv head is at most kMaxGroup blocks (decoding, short
-  // chunks), a key block serves one work item or few and comes from memory: it is converted per tile,
-  // into the item's scratch, by rows (half precision reads half the bytes that writing and reading an
-  // f32 copy moves). f32 is copied the same way: the copy reads K and V in one sequential stream, where
-  // the products read them in place by strided columns that the hardware prefetchers follow poorly
-  // (decoding on Zen 3: 0.73-0.84x the time with the copy). All give the same f32 values.
-  static bool few_query_blocks(const core::Problem& p, Tiles t) {
-    return p.group() * (round_up(p.seqlen_q, t.bm) / t.bm) <= kMaxGroup;
-  }
+  // query blocks. Where it serves few (few_query_blocks: decoding, short chunks), a key block comes
+  // from memory: it is converted per tile, into the item's scratch, by rows (half precision reads half
+  // the bytes that writing and reading an f32 copy moves). f32 is copied the same way: the copy reads
+  // K and V in one sequential stream, where the products read them in place by strided columns that
+  // the hardware prefetchers follow poorly (decoding on Zen 3: 0.73-0.84x the time with the copy). All
+  // give the same f32 values.
   static bool forward_converts_per_tile(const core::Problem& p, Tiles t) { return few_query_blocks(p, t); }
   static bool forward_copies_once(const core::Problem& p, Tiles t) {
     return copies_kv(p) && !few_query_blocks(p, t);

@@ -91,6 +91,10 @@ struct AmxMicro {
   using Pack = PackOps;
   static constexpr Isa isa = Isa::amx;
   static constexpr int64_t kK = 32; // one tile of A holds 32 k
+  // Query blocks of up to 8 rows take the backward's products with P and dS in f32 (math_bf16.h),
+  // where hi + lo tiles pad their k to 32 and double it: an estimate from the rates (tiles about 15x
+  // the FMA rate, ../shared/CEILINGS.md), not measured, since no machine here has AMX.
+  static constexpr int64_t kF32Rows = 8;
 
   static Tiles tiles(const core::Problem& p, bool backward) {
     return choose_tiles(isa, p.head_dim, p.head_dim_v, backward);
