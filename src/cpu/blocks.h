@@ -145,5 +145,16 @@ void gemm_banded(Gemm&& gemm, int64_t group, int64_t m, int64_t n, int64_t kk, c
   }
 }
 
+// C += A B over a backward tile (Micro: gemm and gemm_banded), A row-major [rows or keys][k]; under a
+// mask (null: none) each output row sums only what it sees: k - row in [lo, hi] for dQ (rows =
+// queries, k = keys), [-hi, -lo] for dV, dK (rows = keys, k = queries).
+template <class Micro>
+void tile_product(const Mask* mask, bool keys_are_k, int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars,
+                  int64_t aks, const float* b, int64_t ldb, float* c, int64_t ldc) {
+  if (!mask) return Micro::gemm(m, n, kk, a, ars, aks, b, ldb, c, ldc, true, nullptr);
+  const int64_t lo = keys_are_k ? mask->lo : -mask->hi, hi = keys_are_k ? mask->hi : -mask->lo;
+  Micro::gemm_banded(m, n, kk, a, ars, aks, b, ldb, c, ldc, true, nullptr, lo, hi);
+}
+
 } // namespace
 } // namespace flashback::cpu

@@ -1,6 +1,6 @@
 // Tile math with bf16 products and f32 accumulation, for bf16 storage, over a bf16 GEMM microkernel
-// (`BMicro`: AMX tiles, real or emulated, in amx/; or vdpbf16ps, dot_bf16_micro.h). Operands are packed into the two formats
-// of avx512/pack_bf16.h; the softmax, the masks and every accumulation stay in f32.
+// (`BMicro`: AMX tiles, real or emulated, in amx/; or vdpbf16ps, dot_bf16_micro.h). Operands are packed
+// into the two formats of avx512/pack_bf16.h; the softmax, the masks and every accumulation stay in f32.
 //
 // P and dS, computed in f32, enter their products as hi + lo, two bf16 each (|x - hi - lo| <= 2^-16
 // |x|): rounding them to one bf16, as FlashAttention does, fails the accuracy bar of a naive f32
@@ -15,8 +15,8 @@
 // dS would be mostly padding.
 //
 // BMicro provides: isa, tiles(), kK (the k granule: operands are zero-padded to it), kF32Rows (the
-// backward's query blocks of at most this many rows take their products with P and dS in f32), begin() and end()
-// (a thread's tile state around its work items: thread_begin, thread_end below), and
+// backward's query blocks of at most this many rows take their products with P and dS in f32),
+// begin() and end() (a thread's tile state around its work items: thread_begin, thread_end below), and
 //   gemm(m, n, k, a, a_lo, lda, b, ldb, c, ldc, acc, row_scale):
 //     C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) B, a_lo may be null,
 //   with A in the A format (rows up to round_up(m, 16) readable) and B in the VNNI format (columns
@@ -252,7 +252,9 @@ struct MathBf16 {
     q.dob = q.doa + round_up(z.bmp * z.dvk, 32);
     return q;
   }
-  // Packs query block `item` = (b, h, ib): Q and dO as A operands (k = d) and as B operands (k = row).
+  // Packs query block `item` = (b, h, ib): Q and dO as A operands (k = d) and as B operands (k = row);
+  // a block of at most BMicro::kF32Rows rows takes its products with Q and dO as B operands in f32
+  // (Backward::add), so those it does not pack.
   static void backward_prepare(const BackwardJob& job, int64_t item) {
     const core::Problem& p = *job.p;
     const Dims z(p, job.tiles);
@@ -261,8 +263,9 @@ struct MathBf16 {
     const T* qsrc = row_ptr<const T>(p.q, r.b, r.head, r.first);
     const T* dsrc = row_ptr<const T>(p.dout, r.b, r.head, r.first);
     Pack::rows(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qa), z.dk, z.bmp);
-    Pack::vnni(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qb), 2 * z.dn, z.bmk, z.dn);
     Pack::rows(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.doa), z.dvk, z.bmp);
+    if (r.rows <= BMicro::kF32Rows) return;
+    Pack::vnni(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qb), 2 * z.dn, z.bmk, z.dn);
     Pack::vnni(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.dob), 2 * z.dvn, z.bmk, z.dvn);
   }
 
@@ -319,25 +322,16 @@ struct MathBf16 {
       if (job_.need_dv) fill(s_.dv, cols * z.dvn, 0.0f);
     }
 
-    // A query block of at most BMicro::kF32Rows rows takes its products with P and dS in f32: their
-    // bf16 forms pad the k of dV and dK (the block's rows) to kK and hold two bf16 each, so that a
-    // block of a few rows (a short query side: decoding's backward, a chunk of a few tokens) costs as
-    // much as a full granule.
-    static constexpr int64_t kF32Rows = BMicro::kF32Rows;
-
-    // C += A B in f32 for a tile whose products are in f32 (f32_products_); under a mask each output
-    // row sums only what it sees: k - row in [lo, hi] for dQ (rows = queries, k = keys), [-hi, -lo] for
-    // dV, dK.
+    // C += A B in f32 for a tile whose products are in f32 (f32_products_), under its mask
+    // (blocks.h: tile_product).
     void product_f32(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
                      int64_t ldb, float* c, int64_t ldc, bool keys_are_k) {
-      if (!masked_) return F::gemm(m, n, kk, a, ars, aks, b, ldb, c, ldc, true, nullptr);
-      const int64_t lo = keys_are_k ? tile_mask_.lo : -tile_mask_.hi, hi = keys_are_k ? tile_mask_.hi : -tile_mask_.lo;
-      F::gemm_banded(m, n, kk, a, ars, aks, b, ldb, c, ldc, true, nullptr, lo, hi);
+      tile_product<F>(masked_ ? &tile_mask_ : nullptr, keys_are_k, m, n, kk, a, ars, aks, b, ldb, c, ldc);
     }
 
     // A query block of head h: S, P, dV, dP, dS, dK. A partially masked tile, and a block of at most
-    // kF32Rows rows, take their products with P and dS in f32, a masked tile's each output row over
-    // what it sees.
+    // BMicro::kF32Rows rows, take their products with P and dS in f32 (a few rows' bf16 forms would
+    // be mostly the padding of kK), a masked tile's each output row over what it sees.
     void add(int64_t b, int64_t h, int64_t i0, int64_t rows, const Mask* mask) {
       const Dims& z = s_.z;
       const int64_t bh = b * p_.heads_q + h, row0 = bh * p_.seqlen_q + i0, cols = cols_;
@@ -346,7 +340,7 @@ struct MathBf16 {
       rows_ = rows;
       if (mask) tile_mask_ = *mask;
       masked_ = mask != nullptr;
-      f32_products_ = masked_ || rows <= kF32Rows;
+      f32_products_ = masked_ || rows <= BMicro::kF32Rows;
       // s [rows][cols] = Q K^T, then P = exp2(S * scale * log2(e) - lse2), 0 where masked
       BMicro::gemm(rows, cols, z.dk, q.qa, nullptr, z.dk, s_.ktb, 2 * z.bnp, s_.s, z.bnp, false, nullptr);
       F::probs(s_.s, z.bnp, rows, cols, log2_scale(p_), job_.lse2 + row0, mask);

@@ -321,13 +321,10 @@ struct MathF32 {
       if (job_.need_dv) fill(s_.dv, cols * s_.dvp, 0.0f);
     }
 
-    // C += A B, A over the tile (row-major [rows or cols][k]); under a mask each output row sums only
-    // what it sees: k - row in [lo, hi] for dQ (rows = queries, k = keys), [-hi, -lo] for dV, dK.
+    // C += A B over the tile, under its mask (blocks.h: tile_product).
     void product(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
                  int64_t ldb, float* c, int64_t ldc, bool keys_are_k) {
-      if (!mask_) return Micro::gemm(m, n, kk, a, ars, aks, b, ldb, c, ldc, true, nullptr);
-      const int64_t lo = keys_are_k ? mask_->lo : -mask_->hi, hi = keys_are_k ? mask_->hi : -mask_->lo;
-      Micro::gemm_banded(m, n, kk, a, ars, aks, b, ldb, c, ldc, true, nullptr, lo, hi);
+      tile_product<Micro>(mask_, keys_are_k, m, n, kk, a, ars, aks, b, ldb, c, ldc);
     }
 
     // A query block of head h: S, P, dV, dP, dS, dK.
