@@ -47,6 +47,8 @@ struct MathBf16 {
   static_assert(V::lanes == 16);
   static constexpr Isa isa = BMicro::isa;
   static constexpr int64_t kK = BMicro::kK;
+  // The forward's lazy rescaling (softmax_rows): log2 units, P <= 2^8 (FlashAttention 4's threshold).
+  static constexpr float kLazyRescale = 8.0f;
 
   static Tiles tiles(const core::Problem& p, bool backward) { return BMicro::tiles(p, backward); }
   static float dot(const T* a, const T* b, int64_t n) { return F::dot(a, b, n); }
@@ -162,11 +164,11 @@ struct MathBf16 {
       if (mask) {
         F::load_rows(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, cols, p_.head_dim_v, s_.vf, z.dvn);
         F::gemm_banded(rows_, p_.head_dim_v, cols, s_.s, z.bnp, 1, s_.vf, z.dvn, s_.oacc, z.dvn, !first,
-                       first ? nullptr : s_.alpha, mask->lo, mask->hi);
+                       first || !rescaled_ ? nullptr : s_.alpha, mask->lo, mask->hi);
         return;
       }
       BMicro::gemm(rows_, p_.head_dim_v, round_up(cols, kK), s_.pa, s_.pa_lo, z.bnk, vb, 2 * z.dvn, s_.oacc, z.dvn,
-                   !first, first ? nullptr : s_.alpha);
+                   !first, first || !rescaled_ ? nullptr : s_.alpha);
     }
 
     // The query blocks of a work item share one kv head: K and V packed per tile (packs_per_tile) are
@@ -189,6 +191,7 @@ struct MathBf16 {
     // mask in f32 over s as well. A row that has seen no visible key yet keeps m = -inf and gets P = 0.
     void softmax_rows(int64_t cols, const Mask* mask) {
       const Dims& z = s_.z;
+      rescaled_ = false;
       const typename V::reg mul = V::set1(log2_scale(p_)), neg_inf = V::set1(-kInf);
       for (int64_t r = 0; r < rows_; ++r) {
         const float* srow = s_.s + r * z.bnp;
@@ -204,7 +207,10 @@ struct MathBf16 {
         for (int64_t c0 = 0; c0 < cols; c0 += 16) mx = V::max(mx, logits(c0));
         const float m_old = s_.m[r];
         const float row_max = V::reduce_max(mx);
-        const float m_new = row_max > m_old ? row_max : m_old;
+        // Lazy rescaling: the reference moves only when the row's maximum passes it by more than
+        // kLazyRescale (P then stays below 2^kLazyRescale), so after a row's first blocks O is
+        // rarely rescaled and the P V product accumulates onto it without the pass over O.
+        const float m_new = row_max > m_old + kLazyRescale ? row_max : m_old;
         const float ref = m_new == -kInf ? 0.0f : m_new;
         const typename V::reg vref = V::set1(ref);
         typename V::reg sum = V::zero();
@@ -218,6 +224,7 @@ struct MathBf16 {
         }
         const float alpha = V::first(V::exp2(V::set1(m_old - ref)));
         s_.alpha[r] = alpha;
+        rescaled_ = rescaled_ || alpha != 1.0f;
         s_.l[r] = s_.l[r] * alpha + V::reduce_add(sum);
         s_.m[r] = m_new;
       }
@@ -227,6 +234,7 @@ struct MathBf16 {
     const core::Problem& p_;
     ForwardScratch s_;
     int64_t rows_ = 0;
+    bool rescaled_ = false; // the last softmax_rows moved some row's reference (alpha != 1)
     Forward* kv_owner_ = this; // whose kv holds the packed key block (share_converted)
     int64_t kv_j0_ = -1;       // the first key of the block packed into this one's kv
   };

@@ -135,10 +135,55 @@ struct AmxMicro {
       for (int r = 0; r < blk.rows; ++r) std::memcpy(c + r * ldc, blk.ptr + r * 16, blk.cols * sizeof(float));
   }
 
+  // A whole 32 x 32 block of C (four tiles, in place), straight-line: about 1.2x the rate of the
+  // general block below on L1-resident operands (measured against the register-only TDPBF16PS rate in
+  // the same run: 0.77 of it for S = Q K^T at 64 x 64 x 128, 0.65 before). The loads are spread
+  // between the products that need them, B's second tile after the first product.
+  template <bool kLo>
+  static void full_block(int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda, const bf16* b, int64_t ldb,
+                         float* c, int64_t ldc, bool acc) {
+    const int64_t sa = lda * 2, sb = ldb * 2, sc = ldc * 4;
+    float* const c1 = c + 16 * ldc;
+    if (acc) {
+      TileOps::template load<0>(c, sc);
+      TileOps::template load<1>(c + 16, sc);
+      TileOps::template load<2>(c1, sc);
+      TileOps::template load<3>(c1 + 16, sc);
+    } else {
+      TileOps::template zero<0>();
+      TileOps::template zero<1>();
+      TileOps::template zero<2>();
+      TileOps::template zero<3>();
+    }
+    for (int64_t k0 = 0; k0 < kk; k0 += 32) {
+      const bf16* bk = b + (k0 / 2) * ldb;
+      TileOps::template load<4>(a + k0, sa);
+      TileOps::template load<6>(bk, sb);
+      TileOps::template dot<0, 4, 6>();
+      TileOps::template load<7>(bk + 32, sb);
+      TileOps::template dot<1, 4, 7>();
+      TileOps::template load<5>(a + 16 * lda + k0, sa);
+      TileOps::template dot<2, 5, 6>();
+      TileOps::template dot<3, 5, 7>();
+      if constexpr (kLo) {
+        TileOps::template load<4>(a_lo + k0, sa);
+        TileOps::template dot<0, 4, 6>();
+        TileOps::template dot<1, 4, 7>();
+        TileOps::template load<5>(a_lo + 16 * lda + k0, sa);
+        TileOps::template dot<2, 5, 6>();
+        TileOps::template dot<3, 5, 7>();
+      }
+    }
+    TileOps::template store<0>(c, sc);
+    TileOps::template store<1>(c + 16, sc);
+    TileOps::template store<2>(c1, sc);
+    TileOps::template store<3>(c1 + 16, sc);
+  }
+
   // C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) B; A, A_lo bf16 [>= round_up(m, 16)][kk] (lda),
   // B VNNI [kk/2][ldb] with >= round_up(n, 16) columns, kk a multiple of 32.
   // Blocks of 32 x 32 of C in four tiles (0-3), A in tiles 4-5, B in tiles 6-7; an edge block of C
-  // goes through a 16 x 16 buffer so nothing outside [m][n] is read or written. Between begin() and
+  // (the last row or column of blocks, when m or n is not a multiple of 32) goes through a 16 x 16 buffer so nothing outside [m][n] is read or written. Between begin() and
   // end() of the calling thread.
   static void gemm(int64_t m, int64_t n, int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda, const bf16* b,
                    int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale) {
@@ -152,6 +197,14 @@ struct AmxMicro {
     alignas(64) float edge[4][16 * 16];
     for (int64_t r0 = 0; r0 < m; r0 += 32)
       for (int64_t c0 = 0; c0 < n; c0 += 32) {
+        if (r0 + 32 <= m && c0 + 32 <= n) {
+          const bf16* ab = a + r0 * lda;
+          if (a_lo)
+            full_block<true>(kk, ab, a_lo + r0 * lda, lda, b + 2 * c0, ldb, c + r0 * ldc + c0, ldc, acc);
+          else
+            full_block<false>(kk, ab, nullptr, lda, b + 2 * c0, ldb, c + r0 * ldc + c0, ldc, acc);
+          continue;
+        }
         const bool two_rows = r0 + 16 < m, two_cols = c0 + 16 < n;
         const Block c00 = block(c, ldc, m, n, r0, c0, edge[0]);
         const Block c01 = block(c, ldc, m, n, r0, c0 + 16, edge[1]);
