@@ -95,11 +95,19 @@ void set_counters(benchmark::State& state, double flop) {
 // Times `run` (one repetition), with the FMA ceiling measured for 0.3 s right before it: the guest's
 // speed moves by up to 1.4x within minutes (the host's other tenants), so report.py divides each
 // repetition's rate by the ceiling of the same moment rather than by one probe minutes away.
+// Where the library runs bf16 on AMX, the TDPBF16PS ceiling too (`amx`): its rate moves independently
+// of the FMA probe's on these guests (1.1 - 2.8 TFLOP/s per core within minutes).
 template <class Run>
-void timed(benchmark::State& state, Run&& run) {
+void timed(benchmark::State& state, Run&& run, bool amx = false) {
   const double ceiling = fma_ceiling_flops(threads(), 0.3);
+  const double amx_ceiling = amx ? amx_ceiling_flops(threads(), 0.3) : 0;
   for (auto _ : state) run();
   state.counters["adjacent_ceiling_flops"] = ceiling;
+  if (amx) state.counters["adjacent_amx_ceiling_flops"] = amx_ceiling;
+}
+
+bool on_amx(const Case& c) {
+  return c.dtype == flashback::DType::bf16 && std::string(flashback::cpu_isa()) == "amx";
 }
 
 void set_label(benchmark::State& state, const Case& c) {
@@ -118,7 +126,7 @@ void flashback_forward(benchmark::State& state, const Case& c) {
                        flashback::TensorView::rows(t.lse.data(), c.batch, c.heads, c.seqlen), p);
   };
   run(); // warm-up
-  timed(state, run);
+  timed(state, run, on_amx(c));
   set_counters(state, forward_flop(c));
   set_label(state, c);
 }
@@ -136,7 +144,7 @@ void flashback_backward(benchmark::State& state, const Case& c) {
   g.dv = view(c, t.dv);
   auto run = [&] { flashback::backward(view(c, t.dout), view(c, t.q), view(c, t.k), view(c, t.v), view(c, t.o), lse, g, p); };
   run(); // warm-up
-  timed(state, run);
+  timed(state, run, on_amx(c));
   set_counters(state, 2.5 * forward_flop(c));
   set_label(state, c);
 }
@@ -194,6 +202,19 @@ void f32_microkernel(benchmark::State& state, int head_dim) {
   state.counters["threads"] = threads();
 }
 
+// The library's AMX microkernel alone, on L1-resident blocks of the forward's shapes at D = 128
+// (64 x 128 x 128: S = Q K^T with A one bf16; P V with A = P as hi + lo), one per thread, next to the
+// TDPBF16PS ceiling of the same moment.
+void amx_microkernel(benchmark::State& state, bool hi_lo) {
+  if (std::string(flashback::cpu_isa()) != "amx") return skip(state, "the library does not run AMX here");
+  double flops = 0;
+  const double ceiling = amx_ceiling_flops(threads(), 0.3);
+  for (auto _ : state) flops = amx_microkernel_flops(threads(), 1.0, 64, 128, 128, hi_lo);
+  state.counters["kernel_flops"] = flops;
+  state.counters["adjacent_amx_ceiling_flops"] = ceiling;
+  state.counters["threads"] = threads();
+}
+
 // The bf16 product ceilings: vdpbf16ps, and AMX TDPBF16PS where the library runs AMX (it has asked
 // Linux for the tile state). Skipped where the CPU lacks them.
 void bf16_ceiling(benchmark::State& state, bool amx) {
@@ -221,6 +242,8 @@ int register_all() {
   configure(benchmark::RegisterBenchmark("kernel/f32_64x64x64", f32_microkernel, 64));
   configure(benchmark::RegisterBenchmark("ceiling/bf16_dot", bf16_ceiling, false));
   configure(benchmark::RegisterBenchmark("ceiling/bf16_amx", bf16_ceiling, true));
+  configure(benchmark::RegisterBenchmark("kernel/bf16_amx_64x128x128", amx_microkernel, false));
+  configure(benchmark::RegisterBenchmark("kernel/bf16_amx_64x128x128_hilo", amx_microkernel, true));
   for (const Case& c : kCases) {
     configure(benchmark::RegisterBenchmark((std::string("flashback/forward/") + c.name).c_str(), flashback_forward, c));
     configure(benchmark::RegisterBenchmark((std::string("flashback/backward/") + c.name).c_str(), flashback_backward, c));

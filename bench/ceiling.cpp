@@ -9,6 +9,7 @@ double dpbf16_probe(int threads, long iters);
 double amx_probe(int threads, long iters);
 double f32_microkernel_probe_avx512(int threads, long iters, int m, int n, int k);
 double f32_microkernel_probe_avx2(int threads, long iters, int m, int n, int k);
+double amx_microkernel_probe(int threads, long iters, int m, int n, int k, bool hi_lo);
 
 namespace {
 
@@ -47,6 +48,20 @@ double f32_microkernel_flops(int threads, double seconds, int m, int n, int k) {
   return probe(threads, iters, m, n, k);
 #else
   (void)threads, (void)seconds, (void)m, (void)n, (void)k;
+  return 0;
+#endif
+}
+
+double amx_microkernel_flops(int threads, double seconds, int m, int n, int k, bool hi_lo) {
+#if defined(FLASHBACK_BENCH_KERNEL)
+  if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("amx-tile")) return 0;
+  const long calib = 1000;
+  const double per_iter = 2.0 * m * n * k * (hi_lo ? 2 : 1) * threads;
+  const double rate = amx_microkernel_probe(threads, calib, m, n, k, hi_lo);
+  return amx_microkernel_probe(threads, std::max<long>(calib, static_cast<long>(seconds * rate / per_iter)), m, n, k,
+                               hi_lo);
+#else
+  (void)threads, (void)seconds, (void)m, (void)n, (void)k, (void)hi_lo;
   return 0;
 #endif
 }

@@ -14,3 +14,8 @@ double amx_ceiling_flops(int threads, double seconds); // needs the library's AM
 // The library's f32 microkernel (AVX-512, else AVX2 + FMA, as fma_ceiling_isa) on m x n x k blocks in
 // L1, one per thread (bench/kernel_probe.h). 0 without either or on a non-x86 build.
 double f32_microkernel_flops(int threads, double seconds, int m, int n, int k);
+
+// The library's AMX microkernel (cpu/amx/amx_micro.h) on m x n x k blocks in L1, one per thread,
+// with A as one bf16 (hi_lo false: the products of S and dP) or as hi + lo (true: those of P and dS);
+// FLOP counted per TDPBF16PS, so hi + lo counts twice. 0 where the library does not run AMX.
+double amx_microkernel_flops(int threads, double seconds, int m, int n, int k, bool hi_lo);

@@ -58,13 +58,17 @@ def to_seconds(entry):
 
 
 def repetitions(data):
-    """{benchmark: [(seconds, adjacent ceiling FLOP/s, entry)]} over the repetitions that carry an adjacent ceiling"""
+    """{benchmark: [(seconds, adjacent ceiling FLOP/s, entry)]} over the repetitions that carry an adjacent
+    ceiling: the AMX one where the repetition has it (bf16 on AMX, the AMX kernel), else the FMA one"""
     by = {}
     for b in data["benchmarks"]:
-        if b.get("run_type") != "iteration" or b.get("error_occurred") or "adjacent_ceiling_flops" not in b:
+        if b.get("run_type") != "iteration" or b.get("error_occurred"):
+            continue
+        c = b.get("adjacent_amx_ceiling_flops") or b.get("adjacent_ceiling_flops")
+        if not c:
             continue
         name = b["run_name"].split("/iterations:")[0]
-        by.setdefault(name, []).append((to_seconds(b), b["adjacent_ceiling_flops"], b))
+        by.setdefault(name, []).append((to_seconds(b), c, b))
     return by
 
 
@@ -89,7 +93,9 @@ def main():
     reps = repetitions(data)
     ceilings = [a["median"]["ceiling_flops"] for a in agg.values() if "ceiling_flops" in a["median"]]
     ceiling = max(ceilings) if ceilings else float("nan")
-    adjacent = [c for r in reps.values() for _, c, _ in r]
+    adjacent = [e["adjacent_ceiling_flops"] for r in reps.values() for _, _, e in r if "adjacent_ceiling_flops" in e]
+    adjacent_amx = [e["adjacent_amx_ceiling_flops"] for r in reps.values() for _, _, e in r
+                    if "adjacent_amx_ceiling_flops" in e]
     bf16_ceilings = {n: a["median"]["bf16_ceiling_flops"] for n, a in agg.items()
                      if "bf16_ceiling_flops" in a["median"]}
     ctx = data["context"]
@@ -114,9 +120,10 @@ def main():
         return (rate(name) if key == "flop" else a["median"][key]) / ceiling
 
     def work(name):
-        """time scaled by the machine's speed at that moment: median of seconds x adjacent ceiling (else seconds)"""
-        if name in reps:
-            return statistics.median(t * c for t, c, _ in reps[name])
+        """time scaled by the machine's speed at that moment: median of seconds x adjacent FMA ceiling (else
+        seconds); the FMA one for every row, so that rows on AMX and rows on FMA compare in one unit"""
+        if name in reps and all("adjacent_ceiling_flops" in e for _, _, e in reps[name]):
+            return statistics.median(t * e["adjacent_ceiling_flops"] for t, _, e in reps[name])
         return secs(name)
 
     def ratio(a, b):
@@ -135,6 +142,10 @@ def main():
               f"divides each repetition by its own, and ratios compare times scaled by it.")
     else:
         print("(A run without adjacent probes: '% of ceiling' divides by the run's ceiling, ratios compare raw times.)")
+    if adjacent_amx:
+        print(f"Rows on AMX (bf16, and the AMX kernel) divide by the AMX TDPBF16PS ceiling measured right before "
+              f"each repetition instead: {min(adjacent_amx) / 1e12:.2f} - {max(adjacent_amx) / 1e12:.2f} TFLOP/s "
+              f"(median {statistics.median(adjacent_amx) / 1e12:.2f}).")
     print()
     print("| benchmark | median ms | min - max ms | GFLOP/s | % of ceiling | speedup vs BLAS |")
     print("|---|---:|---:|---:|---:|---:|")

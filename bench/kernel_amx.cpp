@@ -1,0 +1,43 @@
+// The library's AMX microkernel (cpu/amx/amx_micro.h over the real tile instructions) on blocks that
+// stay in L1, every thread on its own: what the bf16 products reach without the rest of attention, to
+// set against the register-only TDPBF16PS ceiling of the same run. Compiled with the amx level's
+// library flags; called only when the library runs AMX (it has asked Linux for the tile state).
+#include <omp.h>
+
+#include <cstring>
+#include <vector>
+
+#include "cpu/amx/amx_micro.h"
+#include "cpu/amx/real_tiles.h"
+#include "cpu/avx512/pack_bf16.h"
+#include "cpu/avx512/v512.h"
+
+double amx_microkernel_probe(int threads, long iters, int m, int n, int k, bool hi_lo) {
+  using namespace flashback::cpu;
+  using Micro = AmxMicro<RealTiles, V512, PackBf16>;
+  const double t0 = omp_get_wtime();
+#pragma omp parallel num_threads(threads)
+  {
+    // C [m][n] f32 += (A + A_lo) B: A [m][k] bf16 (lda k), B in VNNI pairs [k/2][2n], 64-byte aligned
+    // as the library's packed operands are; 1.0 and 2^-9 in bf16, so nothing grows without bound.
+    struct alignas(64) Line {
+      uint16_t x[32];
+    };
+    std::vector<Line> a(static_cast<size_t>(m) * k / 32 + 1), lo(a.size()), b(static_cast<size_t>(k) * n / 32 + 1);
+    for (Line& l : a) std::fill(l.x, l.x + 32, uint16_t{0x3f80});
+    for (Line& l : lo) std::fill(l.x, l.x + 32, uint16_t{0x3b00});
+    for (Line& l : b) std::fill(l.x, l.x + 32, uint16_t{0x3f80});
+    struct alignas(64) FLine {
+      float x[16];
+    };
+    std::vector<FLine> c(static_cast<size_t>(m) * n / 16 + 1);
+    auto* pa = reinterpret_cast<const bf16*>(a.data());
+    auto* pl = hi_lo ? reinterpret_cast<const bf16*>(lo.data()) : nullptr;
+    auto* pb = reinterpret_cast<const bf16*>(b.data());
+    Micro::begin();
+    // S and dP start from zero; the products with P and dS accumulate onto C (O, dV, dK, dQ)
+    for (long i = 0; i < iters; ++i) Micro::gemm(m, n, k, pa, pl, k, pb, 2 * n, c[0].x, n, hi_lo && i > 0, nullptr);
+    Micro::end();
+  }
+  return 2.0 * m * n * k * (hi_lo ? 2 : 1) * static_cast<double>(iters) * threads / (omp_get_wtime() - t0);
+}
