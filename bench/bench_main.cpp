@@ -106,9 +106,10 @@ void timed(benchmark::State& state, Run&& run, bool amx = false) {
   if (amx) state.counters["adjacent_amx_ceiling_flops"] = amx_ceiling;
 }
 
-bool on_amx(const Case& c) {
-  return c.dtype == flashback::DType::bf16 && std::string(flashback::cpu_isa()) == "amx";
-}
+// Whether the library runs AMX here (it has then asked Linux for the tile state).
+bool library_runs_amx() { return std::string(flashback::cpu_isa()) == "amx"; }
+
+bool on_amx(const Case& c) { return c.dtype == flashback::DType::bf16 && library_runs_amx(); }
 
 void set_label(benchmark::State& state, const Case& c) {
   state.SetLabel(std::string(flashback::cpu_isa()) + (c.dtype == flashback::DType::f32    ? " f32"
@@ -206,7 +207,7 @@ void f32_microkernel(benchmark::State& state, int head_dim) {
 // (64 x 128 x 128: S = Q K^T with A one bf16; P V with A = P as hi + lo), one per thread, next to the
 // TDPBF16PS ceiling of the same moment.
 void amx_microkernel(benchmark::State& state, bool hi_lo) {
-  if (std::string(flashback::cpu_isa()) != "amx") return skip(state, "the library does not run AMX here");
+  if (!library_runs_amx()) return skip(state, "the library does not run AMX here");
   double flops = 0;
   const double ceiling = amx_ceiling_flops(threads(), 0.3);
   for (auto _ : state) flops = amx_microkernel_flops(threads(), 1.0, 64, 128, 128, hi_lo);
@@ -218,7 +219,7 @@ void amx_microkernel(benchmark::State& state, bool hi_lo) {
 // The bf16 product ceilings: vdpbf16ps, and AMX TDPBF16PS where the library runs AMX (it has asked
 // Linux for the tile state). Skipped where the CPU lacks them.
 void bf16_ceiling(benchmark::State& state, bool amx) {
-  if (amx ? std::string(flashback::cpu_isa()) != "amx" : dpbf16_ceiling_flops(1, 0.01) == 0)
+  if (amx ? !library_runs_amx() : dpbf16_ceiling_flops(1, 0.01) == 0)
     return skip(state, amx ? "no AMX here" : "no AVX512_BF16 here");
   double flops = 0;
   for (auto _ : state) flops = amx ? amx_ceiling_flops(threads(), 1.0) : dpbf16_ceiling_flops(threads(), 1.0);

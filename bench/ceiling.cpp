@@ -23,6 +23,15 @@ double best_of_three(double (*probe)(int, long), int threads, double seconds, do
   return best;
 }
 
+// A microkernel probe's FLOP/s over about `seconds`: a short calibration run, then one timed run
+// (medians, not best of three: the kernels are compared with attention's medians).
+template <class Probe>
+double calibrated(Probe&& probe, double seconds, double flop_per_iter) {
+  const long calib = 1000;
+  const double rate = probe(calib);
+  return probe(std::max<long>(calib, static_cast<long>(seconds * rate / flop_per_iter)));
+}
+
 } // namespace
 
 double dpbf16_ceiling_flops(int threads, double seconds) {
@@ -41,11 +50,7 @@ double f32_microkernel_flops(int threads, double seconds, int m, int n, int k) {
   const std::string isa = fma_ceiling_isa();
   if (isa == "none") return 0;
   auto probe = isa == "avx512" ? &f32_microkernel_probe_avx512 : &f32_microkernel_probe_avx2;
-  // Medians, not best of three: the kernel is compared with attention's medians.
-  const long calib = 1000;
-  const double rate = probe(threads, calib, m, n, k);
-  const long iters = std::max<long>(calib, static_cast<long>(seconds * rate / (2.0 * m * n * k * threads)));
-  return probe(threads, iters, m, n, k);
+  return calibrated([&](long iters) { return probe(threads, iters, m, n, k); }, seconds, 2.0 * m * n * k * threads);
 #else
   (void)threads, (void)seconds, (void)m, (void)n, (void)k;
   return 0;
@@ -55,11 +60,8 @@ double f32_microkernel_flops(int threads, double seconds, int m, int n, int k) {
 double amx_microkernel_flops(int threads, double seconds, int m, int n, int k, bool hi_lo) {
 #if defined(FLASHBACK_BENCH_KERNEL)
   if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("amx-tile")) return 0;
-  const long calib = 1000;
-  const double per_iter = 2.0 * m * n * k * (hi_lo ? 2 : 1) * threads;
-  const double rate = amx_microkernel_probe(threads, calib, m, n, k, hi_lo);
-  return amx_microkernel_probe(threads, std::max<long>(calib, static_cast<long>(seconds * rate / per_iter)), m, n, k,
-                               hi_lo);
+  return calibrated([&](long iters) { return amx_microkernel_probe(threads, iters, m, n, k, hi_lo); }, seconds,
+                    2.0 * m * n * k * (hi_lo ? 2 : 1) * threads);
 #else
   (void)threads, (void)seconds, (void)m, (void)n, (void)k, (void)hi_lo;
   return 0;

@@ -4,7 +4,8 @@
 // library flags; called only when the library runs AMX (it has asked Linux for the tile state).
 #include <omp.h>
 
-#include <cstring>
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "cpu/amx/amx_micro.h"

@@ -48,13 +48,15 @@ stage_deps() {
   logged deps scripts/install-deps.sh
 }
 
-# build_and_ctest <name> <per-test timeout> [ctest args...]: builds build-<name> (configured) and runs
-# its whole suite (but what the extra ctest arguments exclude).
-build_and_ctest() {
+# build <name>: builds build-<name> (configured).
+build() { logged "$1-build" cmake --build "build-$1" -j "$JOBS"; }
+
+# run_ctest <name> <per-test timeout> [ctest args...]: runs build-<name>'s whole suite (but what the
+# extra ctest arguments exclude).
+run_ctest() {
   local name=$1 timeout=$2
   shift 2
-  logged "$name-build" cmake --build "build-$name" -j "$JOBS" &&
-    logged "$name-ctest" ctest --test-dir "build-$name" --output-on-failure -j "$JOBS" --timeout "$timeout" "$@"
+  logged "$name-ctest" ctest --test-dir "build-$name" --output-on-failure -j "$JOBS" --timeout "$timeout" "$@"
   local rc=$?
   note "    $name: $(ctest_count "$LOGS/$name-ctest.log")"
   return $rc
@@ -62,7 +64,7 @@ build_and_ctest() {
 
 stage_test() {
   logged test-configure cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DFLASHBACK_WARNINGS_AS_ERRORS=ON &&
-    build_and_ctest test 900
+    build test && run_ctest test 900
 }
 
 # configure_sanitized <name> <sanitizers> [cmake args...]: build-<name> at -O1 with the sanitizers.
@@ -80,12 +82,13 @@ configure_sanitized() {
 # minutes on a Xeon with AMX); the test stage still runs it there, and where bf16 runs them by default
 # (AMD Zen 5) the machine's own registration is them.
 stage_asan() {
-  configure_sanitized asan address,undefined && logged asan-build cmake --build build-asan -j "$JOBS" || return 1
+  configure_sanitized asan address,undefined && build asan || return 1
   local exclude=()
   build-asan/tools/flashback info 2>/dev/null | grep -Eq '^kernels:.* bf16 avx512bf16,' || exclude=(-E '^bf16_dot\.')
-  build_and_ctest asan 1800 "${exclude[@]}"
+  run_ctest asan 1800 "${exclude[@]}"
   local rc=$?
-  [ ${#exclude[@]} -eq 0 ] || note "    asan: the bf16_dot registration left out (bf16 does not run vdpbf16ps here by default)"
+  [ ${#exclude[@]} -eq 0 ] ||
+    note "    asan: the bf16_dot registration left out (bf16 does not run vdpbf16ps here by default)"
   return $rc
 }
 

@@ -4,8 +4,8 @@
 // AMX-TILE/AMX-BF16 flags only; chosen at run time (cpu/isa.cpp), which also asks Linux for the tile
 // state (arch_prctl ARCH_REQ_XCOMP_PERM).
 //
-// The microkernel (amx/amx_micro.h) is written over a tile-operations policy: RealTiles (amx/real_tiles.h) issues
-// the AMX instructions; EmulatedTiles does the same arithmetic on arrays, so that the AMX code path is
+// The microkernel (amx/amx_micro.h) is written over a tile-operations policy: RealTiles
+// (amx/real_tiles.h) issues the AMX instructions; EmulatedTiles does the same arithmetic on arrays, so that the AMX code path is
 // tested on machines with AVX512_BF16 but no AMX (FLASHBACK_EMULATION=amx; slow: for tests only).
 #include <immintrin.h>
 
