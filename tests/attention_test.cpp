@@ -49,8 +49,8 @@ class Attention : public ::testing::TestWithParam<fb_dtype> {
     FBTEST_SKIP_UNLESS_REQUESTED_ISA();
     const std::vector<fb_dtype> tested = fbtest::level_dtypes();
     if (std::find(tested.begin(), tested.end(), dtype()) == tested.end())
-      GTEST_SKIP() << "this registration's kernels (emulated AMX tiles, or vdpbf16ps) run bf16 only; "
-                   << fbtest::dtype_name(dtype()) << " runs the avx512 kernels, tested at that level";
+      GTEST_SKIP() << "this registration's kernels (emulated AMX tiles: bf16 and f16; vdpbf16ps: bf16) do not run "
+                   << fbtest::dtype_name(dtype()) << ": it runs the avx512 kernels, tested at that level";
   }
   void TearDown() override {
     for (const auto& [what, m] : g_margins) {
@@ -247,19 +247,22 @@ std::vector<Case> sequence_length_cases(flashback::cpu::Tiles t, int64_t d = 64)
   return cases;
 }
 
-// Levels whose forward takes wider tiles at larger head dims (tiles.h: avx2 at D >= 128) sweep
-// around those too.
-TEST_P(Attention, SequenceLengthsAroundForwardTiles) {
-  const flashback::cpu::Tiles t = tiles(64, 64, false), wide = tiles(128, 128, false);
+// Levels whose forward takes wider tiles at larger head dims (tiles.h: avx2 at D >= 128), and f16
+// where it runs the AMX tiles from head dims of 96 up (fbtest::f16_tiles), sweep at D = 128 too.
+std::vector<Case> sequence_length_sweep(fb_dtype dtype, bool backward) {
+  const flashback::cpu::Tiles t = fbtest::tiles_for(64, 64, backward, dtype);
+  const flashback::cpu::Tiles wide = fbtest::tiles_for(128, 128, backward, dtype);
   std::vector<Case> cases = sequence_length_cases(t);
-  if (wide.bm != t.bm || wide.bn != t.bn) {
+  if (wide.bm != t.bm || wide.bn != t.bn || (dtype == FB_F16 && fbtest::f16_tiles())) {
     const std::vector<Case> more = sequence_length_cases(wide, 128);
     cases.insert(cases.end(), more.begin(), more.end());
   }
-  check_cases(cases);
+  return cases;
 }
 
-TEST_P(Attention, SequenceLengthsAroundBackwardTiles) { check_cases(sequence_length_cases(tiles(64, 64, true))); }
+TEST_P(Attention, SequenceLengthsAroundForwardTiles) { check_cases(sequence_length_sweep(GetParam(), false)); }
+
+TEST_P(Attention, SequenceLengthsAroundBackwardTiles) { check_cases(sequence_length_sweep(GetParam(), true)); }
 
 // --- Blocks grouped into work items --------------------------------------------------------------------
 

@@ -1,11 +1,13 @@
-// Not a test: the measurement behind README's f16 choice. f16 runs on the f32 kernels (inputs converted
-// to f32). The alternative is to round f16 inputs to bf16 and run the bf16 kernels (bf16 products on
-// AMX; FLASHBACK_EMULATION=amx runs them on emulated tiles where the CPU has AVX2 but no AMX). This
-// prints, per case and output, the f16 accuracy bar (2 * max |naive - ref64| + 1e-5 * max |ref64|,
-// naive.h) and the error of each route against the float64 reference on the f16 inputs, as a
-// multiple of that bar (> 1 fails it).
+// Not a test: the measurement behind README's f16 choice. f16 runs its own kernels: the f32 kernels on
+// inputs converted to f32, or at the amx level for head dims of 96 and more the AMX tiles with each
+// input as hi + lo, two bf16 that sum to it exactly (math_bf16.h). The alternative measured here is to
+// round f16 inputs to bf16 and run the bf16 kernels (bf16 products on AMX; FLASHBACK_EMULATION=amx
+// runs them on emulated tiles where the CPU has AVX2 but no AMX). This prints, per case and output,
+// the f16 accuracy bar (2 * max |naive - ref64| + 1e-5 * max |ref64|, naive.h) and the error of each
+// route against the float64 reference on the f16 inputs, as a multiple of that bar (> 1 fails it).
 //
 //   f16_route                      at the best instruction set here (FLASHBACK_ISA caps it)
+//   FLASHBACK_ISA=avx512 f16_route      the f32 kernels for every case
 //   FLASHBACK_TEST_SEED=<n> f16_route   the same inputs again
 #include <algorithm>
 #include <cmath>
@@ -84,7 +86,7 @@ int main() {
   };
   std::printf("f16 inputs, two routes, at %s; %s\n", fb_cpu_isa(), fbtest::seed_note().c_str());
   std::printf("error = max |out - ref64| over the output, as a multiple of the f16 bar (> 1 fails it)\n\n");
-  std::printf("%-24s %-5s %11s %11s %8s %11s %8s\n", "case", "out", "f16 bar", "f32 path", "x bar", "via bf16",
+  std::printf("%-24s %-5s %11s %11s %8s %11s %8s\n", "case", "out", "f16 bar", "f16 path", "x bar", "via bf16",
               "x bar");
   for (const Named& n : cases) {
     Case f16 = n.c;
@@ -102,7 +104,7 @@ int main() {
     bf16.dtype = FB_BF16;
     const Run routed = run(bf16, convert(in, FB_BF16));
 
-    // The bar: naive f32 on the f16 inputs, outputs rounded to f16; its backward reads the f32 path's
+    // The bar: naive f32 on the f16 inputs, outputs rounded to f16; its backward reads the f16 path's
     // o and lse, as the library's backward does.
     std::vector<float> no, nlse, ndq, ndk, ndv, ndelta;
     naive::forward(f16.shape, f16.opt, floats(q), floats(k), floats(v), no, nlse);

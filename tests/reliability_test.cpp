@@ -111,13 +111,14 @@ void expect_near_reference(const Outputs& out, const Reference& r, double tol) {
 TEST_F(Reliability, TwentyRunsOverThreadCountsGiveTheSameBits) {
   for (fb_dtype dtype : fbtest::level_dtypes()) for (int variant : {0, 1, 2, 3}) {
     const bool masked = variant == 0;
-    const flashback::cpu::Tiles t = fbtest::tiles_for(40, 24, true, dtype);
-    Case c = make_case(dtype, {1, 4, 2, t.bm + 17, 2 * t.bn + 9, 40, 24});
+    const int64_t d = fbtest::head_dim_for(dtype, 40);
+    const flashback::cpu::Tiles t = fbtest::tiles_for(d, 24, true, dtype);
+    Case c = make_case(dtype, {1, 4, 2, t.bm + 17, 2 * t.bn + 9, d, 24});
     c.opt.causal = masked;
     c.opt.window_left = masked ? t.bn + 5 : -1;
     if (variant == 2) {
       c.shape.seqlen_q = 1;
-      c.shape.seqlen_k = 12 * 8 * fbtest::tiles_for(40, 24, false, dtype).bn + 5;
+      c.shape.seqlen_k = 12 * 8 * fbtest::tiles_for(d, 24, false, dtype).bn + 5;
       ASSERT_GT(fbtest::forward_splits_of(c), 1) << c.describe();
     }
     if (variant == 3) {
@@ -170,8 +171,9 @@ double max_abs_dot(const ref::Shape& s, const std::vector<double>& q, const std:
 TEST_F(Reliability, LogitsOfTenThousandDoNotOverflow) {
   for (fb_dtype dtype : fbtest::level_dtypes()) {
     for (bool causal : {false, true}) {
-      const flashback::cpu::Tiles t = fbtest::tiles_for(16, 16, false, dtype);
-      Case c = make_case(dtype, {1, 2, 1, 37, t.bn + 21, 16, 16}); // two key blocks: the running max moves
+      const int64_t d = fbtest::head_dim_for(dtype, 16);
+      const flashback::cpu::Tiles t = fbtest::tiles_for(d, 16, false, dtype);
+      Case c = make_case(dtype, {1, 2, 1, 37, t.bn + 21, d, 16}); // two key blocks: the running max moves
       c.opt.causal = causal;
       const Inputs in = inputs_for(c);
       const ref::Shape& s = c.shape;
@@ -258,8 +260,9 @@ TEST_F(Reliability, TinyAndSubnormalValues) {
     const double tol = tolerance(dtype) * 4; // the sums run over values of mixed, tiny magnitudes
     for (double tiny : {normal_tiny, subnormal_tiny}) {
       for (const char* which : {"qk", "v", "dout"}) {
-        const flashback::cpu::Tiles t = fbtest::tiles_for(24, 24, true, dtype);
-        Case c = make_case(dtype, {1, 2, 1, t.bm + 3, t.bn + 5, 24, 24});
+        const int64_t dim = fbtest::head_dim_for(dtype, 24);
+        const flashback::cpu::Tiles t = fbtest::tiles_for(dim, 24, true, dtype);
+        Case c = make_case(dtype, {1, 2, 1, t.bm + 3, t.bn + 5, dim, 24});
         c.opt.causal = true;
         SCOPED_TRACE(c.describe() + " tiny " + which + " ~" + std::to_string(tiny) + "; " + fbtest::seed_note());
         Inputs in = inputs_for(c);
@@ -357,10 +360,11 @@ TEST_F(Reliability, HalfOutputsRoundTiesToEven) {
 // Causal with Sq > 1 leaves every row but the last blind (see FullyMaskedRows for those).
 TEST_F(Reliability, OneKey) {
   for (fb_dtype dtype : fbtest::level_dtypes()) {
-    const int64_t bm = fbtest::tiles_for(32, 16, false, dtype).bm;
+    const int64_t d = fbtest::head_dim_for(dtype, 32);
+    const int64_t bm = fbtest::tiles_for(d, 16, false, dtype).bm;
     for (int64_t sq : {int64_t{1}, int64_t{5}, bm + 3}) {
       for (bool causal : {false, true}) {
-        Case c = make_case(dtype, {2, 4, 2, sq, 1, 32, 16});
+        Case c = make_case(dtype, {2, 4, 2, sq, 1, d, 16});
         c.opt.causal = causal;
         SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
         const Inputs in = inputs_for(c);
@@ -387,7 +391,8 @@ TEST_F(Reliability, OneKey) {
 // blocks and part of one; unseen keys likewise.
 TEST_F(Reliability, FullyMaskedRows) {
   for (fb_dtype dtype : fbtest::level_dtypes()) {
-    const flashback::cpu::Tiles tf = fbtest::tiles_for(16, 8, false, dtype), tb = fbtest::tiles_for(16, 8, true, dtype);
+    const int64_t d = fbtest::head_dim_for(dtype, 16);
+    const flashback::cpu::Tiles tf = fbtest::tiles_for(d, 8, false, dtype), tb = fbtest::tiles_for(d, 8, true, dtype);
     const int64_t bm = std::max(tf.bm, tb.bm), bn = std::max(tf.bn, tb.bn);
     struct Masked {
       int64_t sq, sk, left, right;
@@ -401,7 +406,7 @@ TEST_F(Reliability, FullyMaskedRows) {
         {20, 2 * bn + 7, 1, -1, false},         // left edge only: the first 2 bn - 14 keys are unseen
     };
     for (const Masked& m : cases) {
-      Case c = make_case(dtype, {2, 2, 1, m.sq, m.sk, 16, 8});
+      Case c = make_case(dtype, {2, 2, 1, m.sq, m.sk, d, 8});
       c.opt.causal = m.causal;
       c.opt.window_left = m.left;
       c.opt.window_right = m.right;
@@ -523,8 +528,9 @@ Reach reach_of(const Case& c, const Poison& p) {
 // key is seen by the last row only, the first row sees the first key only, so masked products meet
 // the poison in every tile that holds it.
 Case poison_case(fb_dtype dtype) {
-  const flashback::cpu::Tiles t = fbtest::tiles_for(16, 16, true, dtype);
-  Case c = make_case(dtype, {2, 4, 2, t.bn + 7, t.bn + 7, 16, 16});
+  const int64_t d = fbtest::head_dim_for(dtype, 16);
+  const flashback::cpu::Tiles t = fbtest::tiles_for(d, 16, true, dtype);
+  Case c = make_case(dtype, {2, 4, 2, t.bn + 7, t.bn + 7, d, 16});
   c.opt.causal = true;
   return c;
 }
@@ -532,8 +538,9 @@ Case poison_case(fb_dtype dtype) {
 // Three rows of each query head against 4 parts of 8 key blocks each: the forward splits the keys
 // and combines the parts (cpu/backend.cpp: forward_splits). The poisoned keys lie in the first part.
 Case split_poison_case(fb_dtype dtype) {
-  const flashback::cpu::Tiles t = fbtest::tiles_for(16, 16, false, dtype);
-  Case c = make_case(dtype, {2, 4, 2, 3, 4 * 8 * t.bn + 7, 16, 16});
+  const int64_t d = fbtest::head_dim_for(dtype, 16);
+  const flashback::cpu::Tiles t = fbtest::tiles_for(d, 16, false, dtype);
+  Case c = make_case(dtype, {2, 4, 2, 3, 4 * 8 * t.bn + 7, d, 16});
   c.opt.causal = true;
   return c;
 }
@@ -541,8 +548,9 @@ Case split_poison_case(fb_dtype dtype) {
 // A long query side against two key blocks per kv head, with a window: the backward splits each key
 // block's query blocks and adds the parts' dK and dV (cpu/backend.cpp: backward_splits).
 Case split_queries_poison_case(fb_dtype dtype) {
-  const flashback::cpu::Tiles t = fbtest::tiles_for(16, 16, true, dtype);
-  Case c = make_case(dtype, {2, 4, 2, 3 * t.bm + 5, t.bn + 7, 16, 16});
+  const int64_t d = fbtest::head_dim_for(dtype, 16);
+  const flashback::cpu::Tiles t = fbtest::tiles_for(d, 16, true, dtype);
+  Case c = make_case(dtype, {2, 4, 2, 3 * t.bm + 5, t.bn + 7, d, 16});
   c.opt.window_right = 3 * t.bm; // the first row still sees keys, the last of them cut off
   return c;
 }
@@ -707,8 +715,9 @@ struct FarTensor {
 // address space (MAP_NORESERVE needs overcommit).
 TEST_F(Reliability, ElementOffsetsBeyondTwoToThe31) {
   for (fb_dtype dtype : fbtest::level_dtypes()) {
-    const flashback::cpu::Tiles t = fbtest::tiles_for(24, 16, true, dtype);
-    Case c = make_case(dtype, {2, 2, 1, t.bm + 5, t.bn + 9, 24, 16});
+    const int64_t d = fbtest::head_dim_for(dtype, 24);
+    const flashback::cpu::Tiles t = fbtest::tiles_for(d, 16, true, dtype);
+    Case c = make_case(dtype, {2, 2, 1, t.bm + 5, t.bn + 9, d, 16});
     c.opt.causal = true;
     SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
     const Inputs in = inputs_for(c);

@@ -97,14 +97,24 @@ bool bf16_dot_kernels() {
 }
 
 bool bf16_only_registration() {
-  return emulated_tiles() || bf16_dot_forced() ||
+  return bf16_dot_forced() ||
          (flashback::cpu::emulated_level() == flashback::cpu::Isa::avx512bf16 &&
           flashback::cpu::active_isa() == flashback::cpu::Isa::avx512bf16);
 }
 
 std::vector<fb_dtype> level_dtypes() {
+  if (emulated_tiles()) return {FB_BF16, FB_F16};
   if (bf16_only_registration()) return {FB_BF16};
   return {FB_F32, FB_BF16, FB_F16};
+}
+
+bool f16_tiles() {
+  return flashback::cpu::kernels_for(flashback::cpu::active_isa(), flashback::core::DType::f16).isa ==
+         flashback::cpu::Isa::amx;
+}
+
+int64_t head_dim_for(fb_dtype dtype, int64_t d) {
+  return dtype == FB_F16 && f16_tiles() ? std::max(d, flashback::cpu::kF16TilesMinHeadDim) : d;
 }
 
 namespace {
@@ -129,7 +139,8 @@ int64_t backward_splits_of(const Case& c) { return flashback::cpu::backward_spli
 
 flashback::cpu::Tiles tiles_for(int64_t head_dim, int64_t head_dim_v, bool backward, fb_dtype dtype) {
   using namespace flashback::cpu;
-  const Isa isa = kernels_for(active_isa(), static_cast<flashback::core::DType>(dtype)).isa;
+  const Isa isa =
+      kernels_for(active_isa(), static_cast<flashback::core::DType>(dtype), std::max(head_dim, head_dim_v)).isa;
   return choose_tiles(isa, head_dim, head_dim_v, backward);
 }
 

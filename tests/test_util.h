@@ -52,10 +52,16 @@ bool bf16_dot_forced();
 // Whether bf16 takes its products with vdpbf16ps here (real or emulated; cpu/isa.h).
 bool bf16_dot_kernels();
 // The registrations whose own kernels are bf16's alone (f32 and f16 run kernels that other
-// registrations test): emulated tiles, FLASHBACK_BF16_DOT=1, the emulated avx512bf16 level.
+// registrations test): FLASHBACK_BF16_DOT=1, the emulated avx512bf16 level.
 bool bf16_only_registration();
-// The dtypes a level's registration tests: f32, bf16 and f16; bf16 alone where bf16_only_registration().
+// The dtypes a level's registration tests: f32, bf16 and f16; bf16 alone where bf16_only_registration()
+// but on emulated tiles, which test bf16 and f16 (f16's tiles, for head dims of 96 and more).
 std::vector<fb_dtype> level_dtypes();
+// Whether f16 runs the AMX tiles here for large head dims (max(D, Dv) >= 96; cpu/kernels.h).
+bool f16_tiles();
+// A test's head dim d for dtype: at least 96 for f16 where f16_tiles(), so that the test runs f16's
+// tile kernels there (below 96 it runs the f32 kernels, which the avx512 registration tests).
+int64_t head_dim_for(fb_dtype dtype, int64_t d);
 
 // The tiles of the kernels this process runs for a dtype; sweeps put sequence lengths around them.
 flashback::cpu::Tiles tiles_for(int64_t head_dim, int64_t head_dim_v, bool backward, fb_dtype dtype = FB_F32);

@@ -145,9 +145,10 @@ FB_API const char* fb_version(void);
 FB_API const char* fb_cpu_isa(void);
 
 /* The instruction-set level of the kernels that run a dtype here, named as fb_cpu_isa() names levels:
- * "amx" (bf16 on AMX tiles), "avx512bf16" (bf16 with vdpbf16ps), or the f32 kernels' level ("avx512",
- * "avx2", "scalar"), which f16, and bf16 elsewhere, run after converting to f32. NULL for a value that
- * is not an fb_dtype. */
+ * "amx" (bf16, and f16 with head dims of 96 and more, on AMX tiles), "avx512bf16" (bf16 with
+ * vdpbf16ps), or the f32 kernels' level ("avx512", "avx2", "scalar"), which f16, and bf16 elsewhere, run
+ * after converting to f32. For f16 at "amx": the level of problems whose larger head dim max(D, Dv) is
+ * at least 96; smaller ones run the "avx512" kernels. NULL for a value that is not an fb_dtype. */
 FB_API const char* fb_cpu_kernels_isa(fb_dtype dtype);
 
 #ifdef __cplusplus

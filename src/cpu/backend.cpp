@@ -23,7 +23,9 @@ char* align_ptr(void* p) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-const KernelSet& active_kernels(const core::Problem& p) { return kernels_for(active_isa(), p.dtype); }
+const KernelSet& active_kernels(const core::Problem& p) {
+  return kernels_for(active_isa(), p.dtype, std::max(p.head_dim, p.head_dim_v));
+}
 
 // Forward items are groups of `group` query blocks of the query heads of one kv head; backward items,
 // groups of `group` key blocks of one kv head.
@@ -196,8 +198,10 @@ void team_barrier(int threads) {
 
 } // namespace
 
-const KernelSet& kernels_for(Isa isa, core::DType dtype) {
+const KernelSet& kernels_for(Isa isa, core::DType dtype, int64_t head_dim) {
   const Isa machine = machine_isa();
+  // f16 with small head dims: the f32 kernels (the avx512bf16 level runs them for f16) rather than tiles.
+  if (dtype == core::DType::f16 && isa >= Isa::amx && head_dim < kF16TilesMinHeadDim) isa = Isa::avx512bf16;
   const bool bf16_dot = dtype == core::DType::bf16 && isa >= Isa::avx512bf16 && bf16_dot_preferred();
 #if defined(FLASHBACK_HAVE_AVX512BF16_KERNELS)
   // bf16 products with vdpbf16ps, where they are faster than f32 FMA or asked for (cpu/isa.h).
@@ -209,9 +213,9 @@ const KernelSet& kernels_for(Isa isa, core::DType dtype) {
 #endif
 #if defined(FLASHBACK_HAVE_EMULATED_KERNELS)
   // A level above the machine's (FLASHBACK_EMULATION): AVX-512 on pairs of AVX2 vectors, and for bf16
-  // vdpbf16ps (the avx512bf16 level) or the tiles (the amx level) in software.
+  // vdpbf16ps (the avx512bf16 level) or the tiles (the amx level, bf16 and f16) in software.
   if (isa > machine && isa >= Isa::avx512 && machine >= Isa::avx2 &&
-      (machine < Isa::avx512 || bf16_dot || (isa >= Isa::amx && dtype == core::DType::bf16)))
+      (machine < Isa::avx512 || bf16_dot || (isa >= Isa::amx && dtype != core::DType::f32)))
     return kernels_emulated(isa, dtype);
 #endif
 #if defined(FLASHBACK_HAVE_AVX512_KERNELS)

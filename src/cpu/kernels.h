@@ -127,7 +127,16 @@ const KernelSet& kernels_amx(core::DType dtype, bool emulated);
 // (FLASHBACK_EMULATION, cpu/isa.h).
 const KernelSet& kernels_emulated(Isa isa, core::DType dtype);
 
-// The kernel set for an instruction set this build has (falls back to the best one at or below it).
-const KernelSet& kernels_for(Isa isa, core::DType dtype);
+// f16 at the amx level runs the AMX tiles (its inputs as exact hi + lo bf16, math_bf16.h) where the
+// larger head dim max(D, Dv) is at least this, and the avx512 f32 kernels (inputs converted) below.
+// Measured on a Xeon with AMX (B = 1, Hq = 8, S = 4096, 2 threads, side by side, 10 rounds), the
+// tiles' time over the f32 kernels': D = 128 forward 0.65, backward 0.83; D = 96 forward 0.75,
+// backward 0.88; D = 64 forward 0.90, backward 1.17 (forward + backward 1.16x).
+constexpr int64_t kF16TilesMinHeadDim = 96;
+
+// The kernel set for an instruction set this build has (falls back to the best one at or below it),
+// for problems whose larger head dim is head_dim (it decides f16's at the amx level; the default, the
+// largest allowed, gives the level f16 runs at for large head dims).
+const KernelSet& kernels_for(Isa isa, core::DType dtype, int64_t head_dim = 256);
 
 } // namespace flashback::cpu

@@ -1,4 +1,4 @@
-// Tile math with bf16 products and f32 accumulation, for bf16 storage, over a bf16 GEMM microkernel
+// Tile math with bf16 products and f32 accumulation, for bf16 or f16 storage, over a bf16 GEMM microkernel
 // (`BMicro`: AMX tiles, real or emulated, in amx/; or vdpbf16ps, dot_bf16_micro.h). Operands are packed
 // into the two formats of avx512/pack_bf16.h; the softmax, the masks and every accumulation stay in f32.
 //
@@ -7,6 +7,17 @@
 // implementation wherever sums cancel (measured: dQ = sum_j dS_ij K_j, whose dS rows sum to zero, at
 // 3.6x the bar for D = 7, Sk = 300). Q, K, V, dO are bf16 already, so every product is then exact to
 // about 2^-16 and nothing is rounded before the outputs (each once, from its f32 total).
+//
+// f16 inputs (kExact) enter as hi + lo, two bf16 whose sum is the f16 value exactly (an f16 has 11
+// significant bits, a bf16 8), the two sides of each product concatenated along k:
+//   S = Q K^T, dP = dO V^T: A = [Xh | Xh] with A_lo = [Xl | Xl], B = [Yh ; Yl] (k = 2 Dk): all four
+//     products, so that S and dP are exact up to their f32 accumulation, as with bf16 inputs (rounding
+//     f16 to one bf16 fails the accuracy bar 4x to 190x: tests/f16_route);
+//   O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K: A = [Ph | Pl | Ph], B = [Yh ; Yh ; Yl] (k = 3 BNk
+//     or 3 BMk): three products; the fourth, Pl Yl (|Pl Yl| <= 2^-16 |P| |Y|), is left out: the size
+//     of P's own split error.
+// That is 2.3x the bf16 products of the forward (7 k-blocks of products for 3) and 2.1x of the backward
+// (17 for 8): on AMX still faster than f16 converted to f32 (README, BENCHMARKS.md).
 //
 // Partially masked tiles (the diagonal band of a causal or windowed mask) take their products with P and
 // dS in f32 instead, each row summing only the keys it sees (gemm_banded, blocks.h), so that a NaN or Inf
@@ -23,12 +34,13 @@
 //   up to round_up(n, 16) readable), f32 C with any m, n.
 //
 // Packed once per call (the `shared` workspace):
-//   forward:  per key block, K^T and V as B operands: ktb [Dk/2][2 BNp], vb [BNk/2][2 Dvn]; but
+//   forward:  per key block, K^T and V as B operands: ktb [Dkx/2][2 BNp], vb [BNkx/2][2 Dvn]; but
 //             per tile, into the work item's scratch, where each key block serves few query blocks
 //             (few_query_blocks: decoding, short chunks against a long cache)
-//   backward: per query block, Q and dO as A and as B operands: qa [BMp][Dk], qb [BMk/2][2 Dn],
-//             doa [BMp][Dvk], dob [BMk/2][2 Dvn]
-// (Dk = D rounded up to kK, Dn = D rounded up to 16, likewise for Dv, BM, BN.)
+//   backward: per query block, Q and dO as A and as B operands: qa [BMp][Dkx] (f16: and its lo),
+//             qb [BMkx/2][2 Dn], doa [BMp][Dvkx] (f16: and its lo), dob [BMkx/2][2 Dvn]
+// (Dk = D rounded up to kK, Dn = D rounded up to 16, likewise for Dv, BM, BN; the x forms are the k
+// extents of the concatenated operands: Dkx = 2 Dk, BNkx = 3 BNk for f16, Dk and BNk for bf16.)
 #pragma once
 
 #include "cpu/attention.h"
@@ -38,9 +50,18 @@
 namespace flashback::cpu {
 namespace {
 
-template <class BMicro>
+template <class U>
+constexpr bool is_f16 = false;
+template <>
+constexpr bool is_f16<f16> = true;
+
+template <class BMicro, class Storage = bf16>
 struct MathBf16 {
-  using T = bf16;
+  using T = Storage; // bf16 or f16
+  // f16 inputs as hi + lo (above): k segments of the products of two inputs (S, dP) and of P or dS
+  // with an input.
+  static constexpr bool kExact = is_f16<T>;
+  static constexpr int64_t kXSegs = kExact ? 2 : 1, kPSegs = kExact ? 3 : 1;
   using V = typename BMicro::V;       // 16-lane f32 vectors (V512, or its emulation)
   using Pack = typename BMicro::Pack; // the operand packing (avx512/pack_bf16.h, or its emulation)
   using F = MicroF32<V>;              // f32 helpers: probs, dscores, dot
@@ -56,20 +77,60 @@ struct MathBf16 {
   static void thread_begin() { BMicro::begin(); }
   static void thread_end() { BMicro::end(); }
 
-  // Padded sizes: k dims to kK, m and n dims to 16.
+  // Padded sizes: k dims to kK, m and n dims to 16; the x forms: k extents of concatenated operands.
   struct Dims {
-    int64_t dk, dn, dvk, dvn, bmp, bmk, bnp, bnk;
+    int64_t dk, dn, dvk, dvn, bmp, bmk, bnp, bnk, dkx, dvkx, bmkx, bnkx;
     Dims(const core::Problem& p, Tiles t)
         : dk(round_up(p.head_dim, kK)), dn(round_up(p.head_dim, 16)), dvk(round_up(p.head_dim_v, kK)),
           dvn(round_up(p.head_dim_v, 16)), bmp(round_up(t.bm, 16)), bmk(round_up(t.bm, kK)),
-          bnp(round_up(t.bn, 16)), bnk(round_up(t.bn, kK)) {}
+          bnp(round_up(t.bn, 16)), bnk(round_up(t.bn, kK)), dkx(kXSegs * dk), dvkx(kXSegs * dvk),
+          bmkx(kPSegs * bmk), bnkx(kPSegs * bnk) {}
     // bf16 elements of one key block's packed K^T and V, one query block's packed Q and dO.
-    int64_t kv_block() const { return round_up(dk / 2 * 2 * bnp, 32) + round_up(bnk / 2 * 2 * dvn, 32); }
+    int64_t kv_block() const { return round_up(dkx / 2 * 2 * bnp, 32) + round_up(bnkx / 2 * 2 * dvn, 32); }
     int64_t q_block() const {
-      return round_up(bmp * dk, 32) + round_up(bmk / 2 * 2 * dn, 32) + round_up(bmp * dvk, 32) +
-             round_up(bmk / 2 * 2 * dvn, 32);
+      return x_block(dkx) + round_up(bmkx / 2 * 2 * dn, 32) + x_block(dvkx) + round_up(bmkx / 2 * 2 * dvn, 32);
     }
+    // A query block as the A side of S or dP (pack_x_a): hi [BMp][kx], and for f16 its lo.
+    int64_t x_block(int64_t kx) const { return round_up(bmp * kx, 32) * kXSegs; }
   };
+
+  // --- Operands ------------------------------------------------------------------------------------
+
+  // X [rows][cols] as the A side of S = Q K^T or dP = dO V^T, k = kx = kXSegs * k1: hi [rows_pad][kx]
+  // at dst, and for f16 lo likewise at x_lo(dst) (above: [Xh | Xh] and [Xl | Xl]).
+  template <class B>
+  static B* x_lo(B* hi, int64_t rows_pad, int64_t kx) {
+    return kExact ? hi + round_up(rows_pad * kx, 32) : nullptr;
+  }
+  static void pack_x_a(const T* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t k1,
+                       int64_t rows_pad) {
+    const int64_t kx = kXSegs * k1;
+    for (int64_t seg = 0; seg < kXSegs; ++seg) {
+      Pack::rows(src, lds, rows, cols, dst + seg * k1, kx, k1, rows_pad);
+      if (kExact) Pack::rows(src, lds, rows, cols, x_lo(dst, rows_pad, kx) + seg * k1, kx, k1, rows_pad, true);
+    }
+  }
+  // Y [rows][cols] as the B side of S or dP (Y^T, k = cols): [Yh ; Yl] for f16, k = kXSegs * k1.
+  static void pack_y_bt(const T* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t ldb, int64_t k1,
+                        int64_t n_pad) {
+    Pack::vnni_t(src, lds, rows, cols, dst, ldb, k1, n_pad);
+    if (kExact) Pack::vnni_t(src, lds, rows, cols, dst + k1 / 2 * ldb, ldb, k1, n_pad, true);
+  }
+  // Y [rows][cols] as the B side of a product with P or dS (k = rows): [Yh ; Yh ; Yl] for f16,
+  // k = kPSegs * k1.
+  static void pack_y_b(const T* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t ldb, int64_t k1,
+                       int64_t n_pad) {
+    Pack::vnni(src, lds, rows, cols, dst, ldb, k1, n_pad);
+    if (!kExact) return;
+    std::memcpy(dst + k1 / 2 * ldb, dst, static_cast<size_t>(k1 / 2 * ldb) * sizeof(bf16));
+    Pack::vnni(src, lds, rows, cols, dst + k1 * ldb, ldb, k1, n_pad, true);
+  }
+  // P or dS as the A side of its products: hi at hi, lo at lo, rows ld = kPSegs * k1 apart, and for
+  // f16 hi again at hi + again_of(k1) ([Ph | Pl | Ph]: lo = hi + k1). The k of the product: for bf16,
+  // n (the rows or columns present) rounded up to kK, with lo as A_lo; for f16 the three segments.
+  static int64_t again_of(int64_t k1) { return kExact ? 2 * k1 : 0; }
+  static int64_t p_k(int64_t n, int64_t k1) { return kExact ? kPSegs * k1 : round_up(n, kK); }
+  static const bf16* p_lo(const bf16* lo) { return kExact ? nullptr : lo; }
 
   // --- Forward -------------------------------------------------------------------------------------
 
@@ -96,9 +157,9 @@ struct MathBf16 {
   // ktb = K^T (k = d) and then vb = V (k = key) of the `rows` keys from j0: kv_block() elements.
   static void pack_kv(const core::Problem& p, const Dims& z, int64_t b, int64_t hk, int64_t j0, int64_t rows,
                       bf16* ktb) {
-    bf16* vb = ktb + round_up(z.dk / 2 * 2 * z.bnp, 32);
-    Pack::vnni_t(row_ptr<const T>(p.k, b, hk, j0), p.k.ss, rows, p.head_dim, ktb, 2 * z.bnp, z.dk, z.bnp);
-    Pack::vnni(row_ptr<const T>(p.v, b, hk, j0), p.v.ss, rows, p.head_dim_v, vb, 2 * z.dvn, z.bnk, z.dvn);
+    bf16* vb = ktb + round_up(z.dkx / 2 * 2 * z.bnp, 32);
+    pack_y_bt(row_ptr<const T>(p.k, b, hk, j0), p.k.ss, rows, p.head_dim, ktb, 2 * z.bnp, z.dk, z.bnp);
+    pack_y_b(row_ptr<const T>(p.v, b, hk, j0), p.v.ss, rows, p.head_dim_v, vb, 2 * z.dvn, z.bnk, z.dvn);
   }
   // Packs key block `item` = (b, hk, jb) into the shared workspace.
   static void forward_prepare(const ForwardJob& job, int64_t item) {
@@ -108,18 +169,19 @@ struct MathBf16 {
     pack_kv(p, z, k.b, k.head, k.first, k.rows, kv_block(job, z, k.b, k.head, k.block));
   }
 
-  // Per-thread scratch of the forward: qa [BMp][Dk] bf16, s [BMp][BNp] f32, pa, pa_lo [BMp][BNk] bf16
-  // (P as hi + lo), oacc [BMp][Dvn] f32, m, l, alpha [BMp] f32, vf [BN][Dvn] f32 (V of a masked tile),
-  // and only where K and V are packed per tile (packs_per_tile), kv: kv_block() bf16.
+  // Per-thread scratch of the forward: qa x_block(Dkx) bf16, s [BMp][BNp] f32, pa [BMp][BNkx] and for
+  // bf16 pa_lo [BMp][BNk] (P as hi + lo; for f16 pa_lo = pa + BNk), oacc [BMp][Dvn] f32, m, l, alpha
+  // [BMp] f32, vf [BN][Dvn] f32 (V of a masked tile), and only where K and V are packed per tile
+  // (packs_per_tile), kv: kv_block() bf16.
   struct ForwardScratch {
     Dims z;
     bf16 *qa, *pa, *pa_lo, *kv;
     float *s, *oacc, *m, *l, *alpha, *vf;
     ForwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) : z(p, t) {
       Carver c{base};
-      qa = c.take<bf16>(z.bmp * z.dk);
-      pa = c.take<bf16>(z.bmp * z.bnk);
-      pa_lo = c.take<bf16>(z.bmp * z.bnk);
+      qa = c.take<bf16>(z.x_block(z.dkx));
+      pa = c.take<bf16>(z.bmp * z.bnkx);
+      pa_lo = kExact ? pa + z.bnk : c.take<bf16>(z.bmp * z.bnk);
       s = c.floats(z.bmp * z.bnp);
       oacc = c.floats(z.bmp * z.dvn);
       m = c.floats(z.bmp);
@@ -137,7 +199,7 @@ struct MathBf16 {
     Forward(const ForwardJob& job, char* scratch) : job_(job), p_(*job.p), s_(p_, job.tiles, scratch) {}
 
     void begin(int64_t b, int64_t h, int64_t i0, int64_t rows) {
-      Pack::rows(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, s_.qa, s_.z.dk, s_.z.bmp);
+      pack_x_a(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, s_.qa, s_.z.dk, s_.z.bmp);
       fill(s_.m, s_.z.bmp, -kInf);
       fill(s_.l, s_.z.bmp, 0.0f);
       rows_ = rows;
@@ -156,9 +218,10 @@ struct MathBf16 {
       } else {
         ktb = kv_block(job_, z, b, hk, j0 / job_.tiles.bn);
       }
-      const bf16* vb = ktb + round_up(z.dk / 2 * 2 * z.bnp, 32);
+      const bf16* vb = ktb + round_up(z.dkx / 2 * 2 * z.bnp, 32);
       // s [rows][cols] = Q K^T (unscaled)
-      BMicro::gemm(rows_, cols, z.dk, s_.qa, nullptr, z.dk, ktb, 2 * z.bnp, s_.s, z.bnp, false, nullptr);
+      BMicro::gemm(rows_, cols, z.dkx, s_.qa, x_lo(s_.qa, z.bmp, z.dkx), z.dkx, ktb, 2 * z.bnp, s_.s, z.bnp, false,
+                   nullptr);
       softmax_rows(cols, mask);
       // oacc [rows][Dv] = alpha oacc + P V; under a mask in f32, each row over the keys it sees
       if (mask) {
@@ -167,8 +230,8 @@ struct MathBf16 {
                        first || !rescaled_ ? nullptr : s_.alpha, mask->lo, mask->hi);
         return;
       }
-      BMicro::gemm(rows_, p_.head_dim_v, round_up(cols, kK), s_.pa, s_.pa_lo, z.bnk, vb, 2 * z.dvn, s_.oacc, z.dvn,
-                   !first, first || !rescaled_ ? nullptr : s_.alpha);
+      BMicro::gemm(rows_, p_.head_dim_v, p_k(cols, z.bnk), s_.pa, p_lo(s_.pa_lo), z.bnkx, vb, 2 * z.dvn, s_.oacc,
+                   z.dvn, !first, first || !rescaled_ ? nullptr : s_.alpha);
     }
 
     // The query blocks of a work item share one kv head: K and V packed per tile (packs_per_tile) are
@@ -187,7 +250,8 @@ struct MathBf16 {
 
    private:
     // One online-softmax step on the rows of s (log2 units after scaling): m, l, alpha updated, and
-    // P = exp2(S * scale * log2(e) - m) written to pa + pa_lo (zero beyond cols up to BNk), and under a
+    // P = exp2(S * scale * log2(e) - m) written to pa + pa_lo (zero beyond cols up to BNk; for f16 hi
+    // again at pa + 2 BNk), and under a
     // mask in f32 over s as well. A row that has seen no visible key yet keeps m = -inf and gets P = 0.
     void softmax_rows(int64_t cols, const Mask* mask) {
       const Dims& z = s_.z;
@@ -218,7 +282,7 @@ struct MathBf16 {
           const typename V::reg pr = c0 < cols ? V::exp2(V::sub(logits(c0), vref)) : V::zero();
           sum = V::add(sum, pr);
           if (!mask)
-            Pack::split(pr, s_.pa + r * z.bnk + c0, s_.pa_lo + r * z.bnk + c0, z.bnk - c0);
+            Pack::split(pr, s_.pa + r * z.bnkx + c0, s_.pa_lo + r * z.bnkx + c0, z.bnk - c0, again_of(z.bnk));
           else if (c0 < z.bnp)
             V::store(s_.s + r * z.bnp + c0, pr, static_cast<int>(min64(16, z.bnp - c0)));
         }
@@ -255,9 +319,9 @@ struct MathBf16 {
     const bf16* base = reinterpret_cast<const bf16*>(job.shared) + (bh * job.q_blocks + ib) * z.q_block();
     QBlock q;
     q.qa = base;
-    q.qb = q.qa + round_up(z.bmp * z.dk, 32);
-    q.doa = q.qb + round_up(z.bmk / 2 * 2 * z.dn, 32);
-    q.dob = q.doa + round_up(z.bmp * z.dvk, 32);
+    q.qb = q.qa + z.x_block(z.dkx);
+    q.doa = q.qb + round_up(z.bmkx / 2 * 2 * z.dn, 32);
+    q.dob = q.doa + z.x_block(z.dvkx);
     return q;
   }
   // Packs query block `item` = (b, h, ib): Q and dO as A operands (k = d) and as B operands (k = row);
@@ -270,18 +334,18 @@ struct MathBf16 {
     const QBlock q = q_block(job, z, r.b * p.heads_q + r.head, r.block);
     const T* qsrc = row_ptr<const T>(p.q, r.b, r.head, r.first);
     const T* dsrc = row_ptr<const T>(p.dout, r.b, r.head, r.first);
-    Pack::rows(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qa), z.dk, z.bmp);
-    Pack::rows(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.doa), z.dvk, z.bmp);
+    pack_x_a(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qa), z.dk, z.bmp);
+    pack_x_a(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.doa), z.dvk, z.bmp);
     if (r.rows <= BMicro::kF32Rows) return;
-    Pack::vnni(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qb), 2 * z.dn, z.bmk, z.dn);
-    Pack::vnni(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.dob), 2 * z.dvn, z.bmk, z.dvn);
+    pack_y_b(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qb), 2 * z.dn, z.bmk, z.dn);
+    pack_y_b(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.dob), 2 * z.dvn, z.bmk, z.dvn);
   }
 
   // Per-thread scratch of the backward:
-  //   ktb [Dk/2][2 BNp], vtb [Dvk/2][2 BNp], kb [BNk/2][2 Dn]   the key block as B operands
-  //   s, dp [BMp][BNp] f32                                      S then P; dP then dS
-  //   pta [BNp][BMk], dsta [BNp][BMk], dsa [BMp][BNk] bf16     P^T, dS^T, dS as A operands (hi), and
-  //   pta_lo, dsta_lo, dsa_lo likewise                          (lo)
+  //   ktb [Dkx/2][2 BNp], vtb [Dvkx/2][2 BNp], kb [BNkx/2][2 Dn]  the key block as B operands
+  //   s, dp [BMp][BNp] f32                                         S then P; dP then dS
+  //   pta [BNp][BMkx], dsta [BNp][BMkx], dsa [BMp][BNkx] bf16     P^T, dS^T, dS as A operands (hi), and
+  //   pta_lo, dsta_lo, dsa_lo: for bf16 [BNp][BMk] etc.            (lo; for f16 at pta + BMk etc.)
   //   dk [BNp][Dn], dv [BNp][Dvn] f32                           the key block's accumulators
   //   kf [BN][Dn], qf [BM][Dn], dof [BM][Dvn] f32                K, Q, dO of tiles with f32 products
   struct BackwardScratch {
@@ -290,15 +354,15 @@ struct MathBf16 {
     float *s, *dp, *dk, *dv, *kf, *qf, *dof;
     BackwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) : z(p, t) {
       Carver c{base};
-      ktb = c.take<bf16>(z.dk * z.bnp);
-      vtb = c.take<bf16>(z.dvk * z.bnp);
-      kb = c.take<bf16>(z.bnk * z.dn);
-      pta = c.take<bf16>(z.bnp * z.bmk);
-      dsta = c.take<bf16>(z.bnp * z.bmk);
-      dsa = c.take<bf16>(z.bmp * z.bnk);
-      pta_lo = c.take<bf16>(z.bnp * z.bmk);
-      dsta_lo = c.take<bf16>(z.bnp * z.bmk);
-      dsa_lo = c.take<bf16>(z.bmp * z.bnk);
+      ktb = c.take<bf16>(z.dkx * z.bnp);
+      vtb = c.take<bf16>(z.dvkx * z.bnp);
+      kb = c.take<bf16>(z.bnkx * z.dn);
+      pta = c.take<bf16>(z.bnp * z.bmkx);
+      dsta = c.take<bf16>(z.bnp * z.bmkx);
+      dsa = c.take<bf16>(z.bmp * z.bnkx);
+      pta_lo = kExact ? pta + z.bmk : c.take<bf16>(z.bnp * z.bmk);
+      dsta_lo = kExact ? dsta + z.bmk : c.take<bf16>(z.bnp * z.bmk);
+      dsa_lo = kExact ? dsa + z.bnk : c.take<bf16>(z.bmp * z.bnk);
       s = c.floats(z.bmp * z.bnp);
       dp = c.floats(z.bmp * z.bnp);
       dk = c.floats(z.bnp * z.dn);
@@ -323,9 +387,9 @@ struct MathBf16 {
       k_ = k;
       kf_ready_ = false;
       need_ds_ = job_.need_dk || job_.need_dq;
-      Pack::vnni_t(k, p_.k.ss, cols, p_.head_dim, s_.ktb, 2 * z.bnp, z.dk, z.bnp);
-      if (need_ds_) Pack::vnni_t(v, p_.v.ss, cols, p_.head_dim_v, s_.vtb, 2 * z.bnp, z.dvk, z.bnp);
-      if (job_.need_dq) Pack::vnni(k, p_.k.ss, cols, p_.head_dim, s_.kb, 2 * z.dn, z.bnk, z.dn);
+      pack_y_bt(k, p_.k.ss, cols, p_.head_dim, s_.ktb, 2 * z.bnp, z.dk, z.bnp);
+      if (need_ds_) pack_y_bt(v, p_.v.ss, cols, p_.head_dim_v, s_.vtb, 2 * z.bnp, z.dvk, z.bnp);
+      if (job_.need_dq) pack_y_b(k, p_.k.ss, cols, p_.head_dim, s_.kb, 2 * z.dn, z.bnk, z.dn);
       if (job_.need_dk) fill(s_.dk, cols * z.dn, 0.0f);
       if (job_.need_dv) fill(s_.dv, cols * z.dvn, 0.0f);
     }
@@ -344,13 +408,14 @@ struct MathBf16 {
       const Dims& z = s_.z;
       const int64_t bh = b * p_.heads_q + h, row0 = bh * p_.seqlen_q + i0, cols = cols_;
       const QBlock q = q_block(job_, z, bh, i0 / job_.tiles.bm);
-      const int64_t rk = round_up(rows, kK);
+      const int64_t rk = p_k(rows, z.bmk);
       rows_ = rows;
       if (mask) tile_mask_ = *mask;
       masked_ = mask != nullptr;
       f32_products_ = masked_ || rows <= BMicro::kF32Rows;
       // s [rows][cols] = Q K^T, then P = exp2(S * scale * log2(e) - lse2), 0 where masked
-      BMicro::gemm(rows, cols, z.dk, q.qa, nullptr, z.dk, s_.ktb, 2 * z.bnp, s_.s, z.bnp, false, nullptr);
+      BMicro::gemm(rows, cols, z.dkx, q.qa, x_lo(q.qa, z.bmp, z.dkx), z.dkx, s_.ktb, 2 * z.bnp, s_.s, z.bnp, false,
+                   nullptr);
       F::probs(s_.s, z.bnp, rows, cols, log2_scale(p_), job_.lse2 + row0, mask);
       // dv [cols][Dv] += P^T dO
       if (job_.need_dv) {
@@ -358,14 +423,15 @@ struct MathBf16 {
           F::load_rows(row_ptr<const T>(p_.dout, b, h, i0), p_.dout.ss, rows, p_.head_dim_v, s_.dof, z.dvn);
           product_f32(cols, p_.head_dim_v, rows, s_.s, 1, z.bnp, s_.dof, z.dvn, s_.dv, z.dvn, false);
         } else {
-          Pack::split_f32_t(s_.s, z.bnp, rows, cols, s_.pta, s_.pta_lo, z.bmk, z.bnp);
-          BMicro::gemm(cols, p_.head_dim_v, rk, s_.pta, s_.pta_lo, z.bmk, q.dob, 2 * z.dvn, s_.dv, z.dvn, true,
+          Pack::split_f32_t(s_.s, z.bnp, rows, cols, s_.pta, s_.pta_lo, z.bmkx, z.bmk, z.bnp, again_of(z.bmk));
+          BMicro::gemm(cols, p_.head_dim_v, rk, s_.pta, p_lo(s_.pta_lo), z.bmkx, q.dob, 2 * z.dvn, s_.dv, z.dvn, true,
                        nullptr);
         }
       }
       if (!need_ds_) return;
       // dp [rows][cols] = dO V^T, then dS = P (dP - delta) * scale
-      BMicro::gemm(rows, cols, z.dvk, q.doa, nullptr, z.dvk, s_.vtb, 2 * z.bnp, s_.dp, z.bnp, false, nullptr);
+      BMicro::gemm(rows, cols, z.dvkx, q.doa, x_lo(q.doa, z.bmp, z.dvkx), z.dvkx, s_.vtb, 2 * z.bnp, s_.dp, z.bnp,
+                   false, nullptr);
       F::dscores(s_.s, s_.dp, z.bnp, rows, cols, job_.delta + row0, p_.scale, mask);
       // dk [cols][D] += dS^T Q
       if (job_.need_dk) {
@@ -373,11 +439,13 @@ struct MathBf16 {
           F::load_rows(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, s_.qf, z.dn);
           product_f32(cols, p_.head_dim, rows, s_.dp, 1, z.bnp, s_.qf, z.dn, s_.dk, z.dn, false);
         } else {
-          Pack::split_f32_t(s_.dp, z.bnp, rows, cols, s_.dsta, s_.dsta_lo, z.bmk, z.bnp);
-          BMicro::gemm(cols, p_.head_dim, rk, s_.dsta, s_.dsta_lo, z.bmk, q.qb, 2 * z.dn, s_.dk, z.dn, true, nullptr);
+          Pack::split_f32_t(s_.dp, z.bnp, rows, cols, s_.dsta, s_.dsta_lo, z.bmkx, z.bmk, z.bnp, again_of(z.bmk));
+          BMicro::gemm(cols, p_.head_dim, rk, s_.dsta, p_lo(s_.dsta_lo), z.bmkx, q.qb, 2 * z.dn, s_.dk, z.dn, true,
+                       nullptr);
         }
       }
-      if (job_.need_dq && !f32_products_) Pack::split_f32(s_.dp, z.bnp, rows, cols, s_.dsa, s_.dsa_lo, z.bnk, z.bmp);
+      if (job_.need_dq && !f32_products_)
+        Pack::split_f32(s_.dp, z.bnp, rows, cols, s_.dsa, s_.dsa_lo, z.bnkx, z.bnk, z.bmp, again_of(z.bnk));
     }
 
     // dq [rows][D] += dS K for the last add() (in f32 where its other products were).
@@ -389,8 +457,8 @@ struct MathBf16 {
         product_f32(rows_, p_.head_dim, cols_, s_.dp, z.bnp, 1, s_.kf, z.dn, dq, ld, true);
         return;
       }
-      BMicro::gemm(rows_, p_.head_dim, round_up(cols_, kK), s_.dsa, s_.dsa_lo, z.bnk, s_.kb, 2 * z.dn, dq, ld, true,
-                   nullptr);
+      BMicro::gemm(rows_, p_.head_dim, p_k(cols_, z.bnk), s_.dsa, p_lo(s_.dsa_lo), z.bnkx, s_.kb, 2 * z.dn, dq, ld,
+                   true, nullptr);
     }
 
     // The key block's dK and dV rows (T, or f32 partial rows when the queries are split); null: not needed.

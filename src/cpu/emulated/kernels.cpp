@@ -19,49 +19,64 @@ namespace {
 // avx512/pack_bf16.h's operations element by element: the same operand formats, padding and rounding
 // to nearest even (from_float; VCVTNEPS2BF16 also flushes subnormals, which this does not).
 struct PackBf16Portable {
-  // dst [rows_pad][ldd] = src [rows][cols], zeros beyond.
-  static void rows(const bf16* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t ldd,
-                   int64_t rows_pad) {
+  // A value of storage as bf16: bf16 as it is, f16 as its hi or lo part (pack_bf16.h).
+  static bf16 part(bf16 x, bool /*lo*/) { return x; }
+  static bf16 part(f16 x, bool lo) {
+    bf16 hi, low;
+    split(to_float(x), &hi, &low);
+    return lo ? low : hi;
+  }
+  // dst [rows_pad][width] (row stride ldd) = src [rows][cols], zeros beyond.
+  template <class S>
+  static void rows(const S* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t ldd, int64_t width,
+                   int64_t rows_pad, bool lo = false) {
     for (int64_t r = 0; r < rows_pad; ++r)
-      for (int64_t c = 0; c < ldd; ++c) dst[r * ldd + c] = r < rows && c < cols ? src[r * lds + c] : bf16{};
+      for (int64_t c = 0; c < width; ++c)
+        dst[r * ldd + c] = r < rows && c < cols ? part(src[r * lds + c], lo) : bf16{};
   }
   // B(k, n) = src[n][k] in the VNNI format, for k < k_pad and n < n_pad.
-  static void vnni_t(const bf16* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t ldb,
-                     int64_t k_pad, int64_t n_pad) {
+  template <class S>
+  static void vnni_t(const S* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t ldb,
+                     int64_t k_pad, int64_t n_pad, bool lo = false) {
     for (int64_t k = 0; k < k_pad; ++k)
       for (int64_t n = 0; n < n_pad; ++n)
-        dst[(k / 2) * ldb + 2 * n + k % 2] = n < rows && k < cols ? src[n * lds + k] : bf16{};
+        dst[(k / 2) * ldb + 2 * n + k % 2] = n < rows && k < cols ? part(src[n * lds + k], lo) : bf16{};
   }
   // B(k, n) = src[k][n] in the VNNI format, for k < k_pad and n < n_pad.
-  static void vnni(const bf16* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t ldb, int64_t k_pad,
-                   int64_t n_pad) {
+  template <class S>
+  static void vnni(const S* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t ldb, int64_t k_pad,
+                   int64_t n_pad, bool lo = false) {
     for (int64_t k = 0; k < k_pad; ++k)
       for (int64_t n = 0; n < n_pad; ++n)
-        dst[(k / 2) * ldb + 2 * n + k % 2] = k < rows && n < cols ? src[k * lds + n] : bf16{};
+        dst[(k / 2) * ldb + 2 * n + k % 2] = k < rows && n < cols ? part(src[k * lds + n], lo) : bf16{};
   }
   static void split(float x, bf16* hi, bf16* lo) {
     *hi = from_float<bf16>(x);
     *lo = from_float<bf16>(x - to_float(*hi));
   }
-  // The first min(n, 16) lanes of x as hi + lo.
-  static void split(V512Pairs::reg x, bf16* hi, bf16* lo, int64_t n) {
+  static void split(float x, bf16* hi, bf16* lo, int64_t again) {
+    split(x, hi, lo);
+    if (again) hi[again] = *hi;
+  }
+  // The first min(n, 16) lanes of x as hi + lo; hi also at hi + again when again is not 0.
+  static void split(V512Pairs::reg x, bf16* hi, bf16* lo, int64_t n, int64_t again = 0) {
     float v[16];
     V512Pairs::storeu(v, x);
-    for (int64_t i = 0; i < n && i < 16; ++i) split(v[i], hi + i, lo + i);
+    for (int64_t i = 0; i < n && i < 16; ++i) split(v[i], hi + i, lo + i, again);
   }
-  // hi + lo [rows_pad][ldd] = src [rows][cols], zeros beyond.
+  // hi + lo [rows_pad][width] (row stride ldd) = src [rows][cols], zeros beyond; hi also at hi + again.
   static void split_f32(const float* src, int64_t lds, int64_t rows, int64_t cols, bf16* hi, bf16* lo, int64_t ldd,
-                        int64_t rows_pad) {
+                        int64_t width, int64_t rows_pad, int64_t again = 0) {
     for (int64_t r = 0; r < rows_pad; ++r)
-      for (int64_t c = 0; c < ldd; ++c)
-        split(r < rows && c < cols ? src[r * lds + c] : 0.0f, hi + r * ldd + c, lo + r * ldd + c);
+      for (int64_t c = 0; c < width; ++c)
+        split(r < rows && c < cols ? src[r * lds + c] : 0.0f, hi + r * ldd + c, lo + r * ldd + c, again);
   }
-  // hi + lo [cols_pad][ldd] = (src [rows][cols])^T, zeros beyond.
+  // hi + lo [cols_pad][width] (row stride ldd) = (src [rows][cols])^T, zeros beyond; hi also at hi + again.
   static void split_f32_t(const float* src, int64_t lds, int64_t rows, int64_t cols, bf16* hi, bf16* lo,
-                          int64_t ldd, int64_t cols_pad) {
+                          int64_t ldd, int64_t width, int64_t cols_pad, int64_t again = 0) {
     for (int64_t c = 0; c < cols_pad; ++c)
-      for (int64_t r = 0; r < ldd; ++r)
-        split(r < rows && c < cols ? src[r * lds + c] : 0.0f, hi + c * ldd + r, lo + c * ldd + r);
+      for (int64_t r = 0; r < width; ++r)
+        split(r < rows && c < cols ? src[r * lds + c] : 0.0f, hi + c * ldd + r, lo + c * ldd + r, again);
   }
 };
 
@@ -103,6 +118,8 @@ const KernelSet& kernels_emulated(Isa isa, core::DType dtype) {
     return kernel_set_of<MathBf16<DotBf16Micro<V512Pairs, PairWords, PackBf16Portable>>>();
   if (isa >= Isa::amx && dtype == core::DType::bf16)
     return kernel_set_of<MathBf16<AmxMicro<EmulatedTiles, V512Pairs, PackBf16Portable>>>();
+  if (isa >= Isa::amx && dtype == core::DType::f16)
+    return kernel_set_of<MathBf16<AmxMicro<EmulatedTiles, V512Pairs, PackBf16Portable>, f16>>();
   return f32_kernel_set<IsaMicroF32<V512Pairs, Isa::avx512>>(dtype);
 }
 
