@@ -13,6 +13,7 @@
 
 #include "blas_baseline.h"
 #include "ceiling.h"
+#include "cpu/kernels.h" // kF16TilesMinHeadDim"
 #include "flashback/flashback.hpp"
 #include "line_aligned.h"
 #include "safetensors.h" // f32_to_bf16, f32_to_f16
@@ -95,7 +96,7 @@ void set_counters(benchmark::State& state, double flop) {
 // Times `run` (one repetition), with the FMA ceiling measured for 0.3 s right before it: the guest's
 // speed moves by up to 1.4x within minutes (the host's other tenants), so report.py divides each
 // repetition's rate by the ceiling of the same moment rather than by one probe minutes away.
-// Where the library runs bf16 on AMX, the TDPBF16PS ceiling too (`amx`): its rate moves independently
+// Where the library runs the case on AMX, the TDPBF16PS ceiling too (`amx`): its rate moves independently
 // of the FMA probe's on these guests (1.1 - 2.8 TFLOP/s per core within minutes).
 template <class Run>
 void timed(benchmark::State& state, Run&& run, bool amx = false) {
@@ -109,7 +110,11 @@ void timed(benchmark::State& state, Run&& run, bool amx = false) {
 // Whether the library runs AMX here (it has then asked Linux for the tile state).
 bool library_runs_amx() { return std::string(flashback::cpu_isa()) == "amx"; }
 
-bool on_amx(const Case& c) { return c.dtype == flashback::DType::bf16 && library_runs_amx(); }
+// Whether the library runs a case on AMX tiles: bf16, and f16 from head dims of kF16TilesMinHeadDim.
+bool on_amx(const Case& c) {
+  return library_runs_amx() && (c.dtype == flashback::DType::bf16 ||
+                                (c.dtype == flashback::DType::f16 && c.head_dim >= flashback::cpu::kF16TilesMinHeadDim));
+}
 
 void set_label(benchmark::State& state, const Case& c) {
   state.SetLabel(std::string(flashback::cpu_isa()) + (c.dtype == flashback::DType::f32    ? " f32"

@@ -59,7 +59,7 @@ def to_seconds(entry):
 
 def repetitions(data):
     """{benchmark: [(seconds, adjacent ceiling FLOP/s, entry)]} over the repetitions that carry an adjacent
-    ceiling: the AMX one where the repetition has it (bf16 on AMX, the AMX kernel), else the FMA one"""
+    ceiling: the AMX one where the repetition has it (bf16 and f16 on AMX, the AMX kernel), else the FMA one"""
     by = {}
     for b in data["benchmarks"]:
         if b.get("run_type") != "iteration" or b.get("error_occurred"):
@@ -143,7 +143,7 @@ def main():
     else:
         print("(A run without adjacent probes: '% of ceiling' divides by the run's ceiling, ratios compare raw times.)")
     if adjacent_amx:
-        print(f"Rows on AMX (bf16, and the AMX kernel) divide by the AMX TDPBF16PS ceiling measured right before "
+        print(f"Rows on AMX (bf16, f16 at D >= 96, and the AMX kernel) divide by the AMX TDPBF16PS ceiling measured right before "
               f"each repetition instead: {min(adjacent_amx) / 1e12:.2f} - {max(adjacent_amx) / 1e12:.2f} TFLOP/s "
               f"(median {statistics.median(adjacent_amx) / 1e12:.2f}).")
     print()

@@ -131,6 +131,8 @@ struct MathBf16 {
   static int64_t again_of(int64_t k1) { return kExact ? 2 * k1 : 0; }
   static int64_t p_k(int64_t n, int64_t k1) { return kExact ? kPSegs * k1 : round_up(n, kK); }
   static const bf16* p_lo(const bf16* lo) { return kExact ? nullptr : lo; }
+  // p + n, where p may be null (a scratch layout only measured: carved_bytes).
+  static bf16* past(bf16* p, int64_t n) { return p ? p + n : nullptr; }
 
   // --- Forward -------------------------------------------------------------------------------------
 
@@ -181,7 +183,7 @@ struct MathBf16 {
       Carver c{base};
       qa = c.take<bf16>(z.x_block(z.dkx));
       pa = c.take<bf16>(z.bmp * z.bnkx);
-      pa_lo = kExact ? pa + z.bnk : c.take<bf16>(z.bmp * z.bnk);
+      pa_lo = kExact ? past(pa, z.bnk) : c.take<bf16>(z.bmp * z.bnk);
       s = c.floats(z.bmp * z.bnp);
       oacc = c.floats(z.bmp * z.dvn);
       m = c.floats(z.bmp);
@@ -360,9 +362,9 @@ struct MathBf16 {
       pta = c.take<bf16>(z.bnp * z.bmkx);
       dsta = c.take<bf16>(z.bnp * z.bmkx);
       dsa = c.take<bf16>(z.bmp * z.bnkx);
-      pta_lo = kExact ? pta + z.bmk : c.take<bf16>(z.bnp * z.bmk);
-      dsta_lo = kExact ? dsta + z.bmk : c.take<bf16>(z.bnp * z.bmk);
-      dsa_lo = kExact ? dsa + z.bnk : c.take<bf16>(z.bmp * z.bnk);
+      pta_lo = kExact ? past(pta, z.bmk) : c.take<bf16>(z.bnp * z.bmk);
+      dsta_lo = kExact ? past(dsta, z.bmk) : c.take<bf16>(z.bnp * z.bmk);
+      dsa_lo = kExact ? past(dsa, z.bnk) : c.take<bf16>(z.bmp * z.bnk);
       s = c.floats(z.bmp * z.bnp);
       dp = c.floats(z.bmp * z.bnp);
       dk = c.floats(z.bnp * z.dn);
