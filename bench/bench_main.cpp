@@ -13,7 +13,8 @@
 
 #include "blas_baseline.h"
 #include "ceiling.h"
-#include "cpu/kernels.h" // kF16TilesMinHeadDim"
+#include "cpu/isa.h"
+#include "cpu/kernels.h" // kernels_for: the kernels of a case
 #include "flashback/flashback.hpp"
 #include "line_aligned.h"
 #include "safetensors.h" // f32_to_bf16, f32_to_f16
@@ -110,10 +111,12 @@ void timed(benchmark::State& state, Run&& run, bool amx = false) {
 // Whether the library runs AMX here (it has then asked Linux for the tile state).
 bool library_runs_amx() { return std::string(flashback::cpu_isa()) == "amx"; }
 
-// Whether the library runs a case on AMX tiles: bf16, and f16 from head dims of kF16TilesMinHeadDim.
+// Whether the library runs a case on AMX tiles (bf16, and f16 from head dims of kF16TilesMinHeadDim):
+// the kernel set it chooses for the case.
 bool on_amx(const Case& c) {
-  return library_runs_amx() && (c.dtype == flashback::DType::bf16 ||
-                                (c.dtype == flashback::DType::f16 && c.head_dim >= flashback::cpu::kF16TilesMinHeadDim));
+  using namespace flashback::cpu;
+  return library_runs_amx() &&
+         kernels_for(active_isa(), static_cast<flashback::core::DType>(c.dtype), c.head_dim).isa == Isa::amx;
 }
 
 void set_label(benchmark::State& state, const Case& c) {

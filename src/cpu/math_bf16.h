@@ -85,8 +85,10 @@ struct MathBf16 {
           dvn(round_up(p.head_dim_v, 16)), bmp(round_up(t.bm, 16)), bmk(round_up(t.bm, kK)),
           bnp(round_up(t.bn, 16)), bnk(round_up(t.bn, kK)), dkx(kXSegs * dk), dvkx(kXSegs * dvk),
           bmkx(kPSegs * bmk), bnkx(kPSegs * bnk) {}
-    // bf16 elements of one key block's packed K^T and V, one query block's packed Q and dO.
-    int64_t kv_block() const { return round_up(dkx / 2 * 2 * bnp, 32) + round_up(bnkx / 2 * 2 * dvn, 32); }
+    // bf16 elements of one key block's packed K^T (V follows it), of K^T and V, of one query block's
+    // packed Q and dO.
+    int64_t kt_block() const { return round_up(dkx / 2 * 2 * bnp, 32); }
+    int64_t kv_block() const { return kt_block() + round_up(bnkx / 2 * 2 * dvn, 32); }
     int64_t q_block() const {
       return x_block(dkx) + round_up(bmkx / 2 * 2 * dn, 32) + x_block(dvkx) + round_up(bmkx / 2 * 2 * dvn, 32);
     }
@@ -105,9 +107,13 @@ struct MathBf16 {
   static void pack_x_a(const T* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t k1,
                        int64_t rows_pad) {
     const int64_t kx = kXSegs * k1;
-    for (int64_t seg = 0; seg < kXSegs; ++seg) {
-      Pack::rows(src, lds, rows, cols, dst + seg * k1, kx, k1, rows_pad);
-      if (kExact) Pack::rows(src, lds, rows, cols, x_lo(dst, rows_pad, kx) + seg * k1, kx, k1, rows_pad, true);
+    Pack::rows(src, lds, rows, cols, dst, kx, k1, rows_pad);
+    if (!kExact) return;
+    bf16* lo = x_lo(dst, rows_pad, kx);
+    Pack::rows(src, lds, rows, cols, lo, kx, k1, rows_pad, true);
+    for (int64_t r = 0; r < rows_pad; ++r) { // the second segment: a copy of the first
+      std::memcpy(dst + r * kx + k1, dst + r * kx, static_cast<size_t>(k1) * sizeof(bf16));
+      std::memcpy(lo + r * kx + k1, lo + r * kx, static_cast<size_t>(k1) * sizeof(bf16));
     }
   }
   // Y [rows][cols] as the B side of S or dP (Y^T, k = cols): [Yh ; Yl] for f16, k = kXSegs * k1.
@@ -159,7 +165,7 @@ struct MathBf16 {
   // ktb = K^T (k = d) and then vb = V (k = key) of the `rows` keys from j0: kv_block() elements.
   static void pack_kv(const core::Problem& p, const Dims& z, int64_t b, int64_t hk, int64_t j0, int64_t rows,
                       bf16* ktb) {
-    bf16* vb = ktb + round_up(z.dkx / 2 * 2 * z.bnp, 32);
+    bf16* vb = ktb + z.kt_block();
     pack_y_bt(row_ptr<const T>(p.k, b, hk, j0), p.k.ss, rows, p.head_dim, ktb, 2 * z.bnp, z.dk, z.bnp);
     pack_y_b(row_ptr<const T>(p.v, b, hk, j0), p.v.ss, rows, p.head_dim_v, vb, 2 * z.dvn, z.bnk, z.dvn);
   }
@@ -220,7 +226,7 @@ struct MathBf16 {
       } else {
         ktb = kv_block(job_, z, b, hk, j0 / job_.tiles.bn);
       }
-      const bf16* vb = ktb + round_up(z.dkx / 2 * 2 * z.bnp, 32);
+      const bf16* vb = ktb + z.kt_block();
       // s [rows][cols] = Q K^T (unscaled)
       BMicro::gemm(rows_, cols, z.dkx, s_.qa, x_lo(s_.qa, z.bmp, z.dkx), z.dkx, ktb, 2 * z.bnp, s_.s, z.bnp, false,
                    nullptr);
