@@ -2,11 +2,11 @@
 // (`BMicro`: AMX tiles, real or emulated, in amx/; or vdpbf16ps, dot_bf16_micro.h). Operands are packed
 // into the two formats of avx512/pack_bf16.h; the softmax, the masks and every accumulation stay in f32.
 //
-// P and dS, computed in f32, enter their products as hi + lo, two bf16 each (|x - hi - lo| <= 2^-16
-// |x|): rounding them to one bf16, as FlashAttention does, fails the accuracy bar of a naive f32
+// P and dS, computed in f32, enter their products as hi + lo, two bf16 each (hi truncated, lo = x - hi
+// rounded: |x - hi - lo| <= 2^-15 |x|; pack_bf16.h): rounding them to one bf16, as FlashAttention does, fails the accuracy bar of a naive f32
 // implementation wherever sums cancel (measured: dQ = sum_j dS_ij K_j, whose dS rows sum to zero, at
 // 3.6x the bar for D = 7, Sk = 300). Q, K, V, dO are bf16 already, so every product is then exact to
-// about 2^-16 and nothing is rounded before the outputs (each once, from its f32 total).
+// about 2^-15 and nothing is rounded before the outputs (each once, from its f32 total).
 //
 // f16 inputs (kExact) enter as hi + lo, two bf16 whose sum is the f16 value exactly (an f16 has 11
 // significant bits, a bf16 8), the two sides of each product concatenated along k:
@@ -14,7 +14,7 @@
 //     products, so that S and dP are exact up to their f32 accumulation, as with bf16 inputs (rounding
 //     f16 to one bf16 fails the accuracy bar 4x to 190x: tests/f16_route);
 //   O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K: A = [Ph | Pl | Ph], B = [Yh ; Yh ; Yl] (k = 3 BNk
-//     or 3 BMk): three products; the fourth, Pl Yl (|Pl Yl| <= 2^-16 |P| |Y|), is left out: the size
+//     or 3 BMk): three products; the fourth, Pl Yl (|Pl Yl| <= 2^-15 |P| |Y|), is left out: the size
 //     of P's own split error.
 // That is 2.3x the bf16 products of the forward (7 k-blocks of products for 3) and 2.1x of the backward
 // (17 for 8): on AMX still faster than f16 converted to f32 (README, BENCHMARKS.md).
@@ -264,35 +264,44 @@ struct MathBf16 {
     void softmax_rows(int64_t cols, const Mask* mask) {
       const Dims& z = s_.z;
       rescaled_ = false;
-      const typename V::reg mul = V::set1(log2_scale(p_)), neg_inf = V::set1(-kInf);
+      const float scale2 = log2_scale(p_);
+      const typename V::reg mul = V::set1(scale2), neg_inf = V::set1(-kInf);
       for (int64_t r = 0; r < rows_; ++r) {
         const float* srow = s_.s + r * z.bnp;
-        // Lanes c0 + i < cols that the mask lets row r see: -inf elsewhere.
+        // The row's S from c0, -inf in lanes c0 + i >= cols and, under a mask, in those it hides.
         const int32_t lo = mask ? mask->lo : INT32_MIN;
         const int32_t hi = static_cast<int32_t>(mask ? min64(mask->hi, cols - 1 - r) : cols - 1 - r);
-        auto logits = [&](int64_t c0) {
-          if (!mask && c0 + 16 <= cols) return V::mul(V::loadu(srow + c0), mul); // every lane visible
-          const typename V::reg x = V::mul(V::load(srow + c0, static_cast<int>(min64(16, cols - c0))), mul);
+        auto raw = [&](int64_t c0) {
+          if (!mask && c0 + 16 <= cols) return V::loadu(srow + c0); // every lane visible
+          const typename V::reg x = V::load(srow + c0, static_cast<int>(min64(16, cols - c0)));
           return V::select(V::in_band(static_cast<int32_t>(c0 - r), 1, lo, hi), x, neg_inf);
         };
+        // The logits are S * scale * log2(e): the scale is positive, so the row's largest logit is
+        // its largest S times it (the same bits), and each P one FMA and exp2 from S.
         typename V::reg mx = neg_inf;
-        for (int64_t c0 = 0; c0 < cols; c0 += 16) mx = V::max(mx, logits(c0));
+        for (int64_t c0 = 0; c0 < cols; c0 += 16) mx = V::max(mx, raw(c0));
         const float m_old = s_.m[r];
-        const float row_max = V::reduce_max(mx);
+        const float row_max = V::reduce_max(mx) * scale2;
         // Lazy rescaling: the reference moves only when the row's maximum passes it by more than
         // kLazyRescale (P then stays below 2^kLazyRescale), so after a row's first blocks O is
         // rarely rescaled and the P V product accumulates onto it without the pass over O.
         const float m_new = row_max > m_old + kLazyRescale ? row_max : m_old;
         const float ref = m_new == -kInf ? 0.0f : m_new;
         const typename V::reg vref = V::set1(ref);
+        auto prob = [&](int64_t c0) { return c0 < cols ? V::exp2(V::fms(raw(c0), mul, vref)) : V::zero(); };
         typename V::reg sum = V::zero();
-        for (int64_t c0 = 0; c0 < z.bnk; c0 += 16) {
-          const typename V::reg pr = c0 < cols ? V::exp2(V::sub(logits(c0), vref)) : V::zero();
-          sum = V::add(sum, pr);
-          if (!mask)
-            Pack::split(pr, s_.pa + r * z.bnkx + c0, s_.pa_lo + r * z.bnkx + c0, z.bnk - c0, again_of(z.bnk));
-          else if (c0 < z.bnp)
+        if (!mask) { // P as hi + lo, 32 keys at a time
+          for (int64_t c0 = 0; c0 < z.bnk; c0 += 32) {
+            const typename V::reg p0 = prob(c0), p1 = prob(c0 + 16);
+            sum = V::add(sum, V::add(p0, p1));
+            Pack::split32(p0, p1, s_.pa + r * z.bnkx + c0, s_.pa_lo + r * z.bnkx + c0, z.bnk - c0, again_of(z.bnk));
+          }
+        } else { // P in f32, over s
+          for (int64_t c0 = 0; c0 < z.bnp; c0 += 16) {
+            const typename V::reg pr = prob(c0);
+            sum = V::add(sum, pr);
             V::store(s_.s + r * z.bnp + c0, pr, static_cast<int>(min64(16, z.bnp - c0)));
+          }
         }
         const float alpha = V::first(V::exp2(V::set1(m_old - ref)));
         s_.alpha[r] = alpha;

@@ -100,25 +100,45 @@ struct PackBf16 {
       }
   }
 
-  // x as hi + lo, both bf16: hi = bf16(x), lo = bf16(x - hi); |x - hi - lo| <= 2^-16 |x|. The first
-  // min(n, 16) of each; hi also at hi + again when again is not 0.
+  // P and dS (f32) as hi + lo, both bf16: hi = x truncated to bf16, lo = bf16(x - hi), rounded to
+  // nearest; |x - hi - lo| <= 2^-15 |x| (|x - hi| < 2^-7 |x|, and lo's rounding 2^-8 of that). x - hi
+  // is exact; x = +-inf gives lo = NaN, as rounding both parts did. Truncation makes hi an AND and
+  // its packing a shift or a permutation.
+  static __m512 low_part(__m512 x) {
+    return _mm512_sub_ps(x, _mm512_and_ps(x, _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(0xFFFF0000u)))));
+  }
+  // The first min(n, 16) lanes of x; hi also at hi + again when again is not 0.
   static void split(__m512 x, bf16* hi, bf16* lo, int64_t n, int64_t again = 0) {
-    const __m256i h = to_bf16(x);
+    const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16));
     store16(hi, n, h);
     if (again) store16(hi + again, n, h);
-    store16(lo, n, to_bf16(_mm512_sub_ps(x, to_f32(h))));
+    store16(lo, n, to_bf16(low_part(x)));
+  }
+  // The same for 32 lanes, x0 then x1, the first min(n, 32) of them: one permutation packs hi and
+  // one cvtne2ps rounds lo, half the instructions of two split() (the forward's P: 0.91x its time).
+  static void split32(__m512 x0, __m512 x1, bf16* hi, bf16* lo, int64_t n, int64_t again = 0) {
+    static const uint16_t kHigh[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+                                       33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+    const __m512i h = _mm512_permutex2var_epi16(_mm512_castps_si512(x0), _mm512_loadu_si512(kHigh),
+                                                _mm512_castps_si512(x1));
+    const __m512i l = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(low_part(x1), low_part(x0)));
+    const __mmask32 m = first32(n);
+    _mm512_mask_storeu_epi16(hi, m, h);
+    if (again) _mm512_mask_storeu_epi16(hi + again, m, h);
+    _mm512_mask_storeu_epi16(lo, m, l);
   }
 
   // hi + lo [rows_pad][width] bf16 (row stride ldd) = src [rows][cols] f32, zeros beyond; hi also at
   // hi + again when again is not 0.
   static void split_f32(const float* src, int64_t lds, int64_t rows, int64_t cols, bf16* hi, bf16* lo, int64_t ldd,
                         int64_t width, int64_t rows_pad, int64_t again = 0) {
+    auto load = [&](int64_t r, int64_t c0) {
+      return r < rows && c0 < cols ? _mm512_maskz_loadu_ps(first16(cols - c0), src + r * lds + c0)
+                                   : _mm512_setzero_ps();
+    };
     for (int64_t r = 0; r < rows_pad; ++r)
-      for (int64_t c0 = 0; c0 < width; c0 += 16) {
-        const __m512 x = r < rows && c0 < cols ? _mm512_maskz_loadu_ps(first16(cols - c0), src + r * lds + c0)
-                                               : _mm512_setzero_ps();
-        split(x, hi + r * ldd + c0, lo + r * ldd + c0, width - c0, again);
-      }
+      for (int64_t c0 = 0; c0 < width; c0 += 32)
+        split32(load(r, c0), load(r, c0 + 16), hi + r * ldd + c0, lo + r * ldd + c0, width - c0, again);
   }
 
   // hi + lo [cols_pad][width] bf16 (row stride ldd) = (src [rows][cols] f32)^T, zeros beyond (cols_pad

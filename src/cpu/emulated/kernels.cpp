@@ -50,12 +50,22 @@ struct PackBf16Portable {
       for (int64_t n = 0; n < n_pad; ++n)
         dst[(k / 2) * ldb + 2 * n + k % 2] = k < rows && n < cols ? part(src[k * lds + n], lo) : bf16{};
   }
+  // An f16 value as hi + lo, both rounded to nearest (exact: pack_bf16.h).
   static void split(float x, bf16* hi, bf16* lo) {
     *hi = from_float<bf16>(x);
     *lo = from_float<bf16>(x - to_float(*hi));
   }
+  // P or dS as hi + lo as pack_bf16.h splits them: hi truncated, lo = x - hi rounded to nearest; hi
+  // also at hi + again when again is not 0.
   static void split(float x, bf16* hi, bf16* lo, int64_t again) {
-    split(x, hi, lo);
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    const uint16_t top = static_cast<uint16_t>(u >> 16);
+    std::memcpy(hi, &top, sizeof top);
+    u &= 0xFFFF0000u;
+    float h;
+    std::memcpy(&h, &u, sizeof h);
+    *lo = from_float<bf16>(x - h);
     if (again) hi[again] = *hi;
   }
   // The first min(n, 16) lanes of x as hi + lo; hi also at hi + again when again is not 0.
@@ -63,6 +73,11 @@ struct PackBf16Portable {
     float v[16];
     V512Pairs::storeu(v, x);
     for (int64_t i = 0; i < n && i < 16; ++i) split(v[i], hi + i, lo + i, again);
+  }
+  // The first min(n, 32) of x0's lanes and then x1's.
+  static void split32(V512Pairs::reg x0, V512Pairs::reg x1, bf16* hi, bf16* lo, int64_t n, int64_t again = 0) {
+    split(x0, hi, lo, n, again);
+    if (n > 16) split(x1, hi + 16, lo + 16, n - 16, again);
   }
   // hi + lo [rows_pad][width] (row stride ldd) = src [rows][cols], zeros beyond; hi also at hi + again.
   static void split_f32(const float* src, int64_t lds, int64_t rows, int64_t cols, bf16* hi, bf16* lo, int64_t ldd,
