@@ -3,10 +3,11 @@
 // into the two formats of avx512/pack_bf16.h; the softmax, the masks and every accumulation stay in f32.
 //
 // P and dS, computed in f32, enter their products as hi + lo, two bf16 each (hi truncated, lo = x - hi
-// rounded: |x - hi - lo| <= 2^-15 |x|; pack_bf16.h): rounding them to one bf16, as FlashAttention does, fails the accuracy bar of a naive f32
-// implementation wherever sums cancel (measured: dQ = sum_j dS_ij K_j, whose dS rows sum to zero, at
-// 3.6x the bar for D = 7, Sk = 300). Q, K, V, dO are bf16 already, so every product is then exact to
-// about 2^-15 and nothing is rounded before the outputs (each once, from its f32 total).
+// rounded: |x - hi - lo| <= 2^-15 |x|; pack_bf16.h): rounding them to one bf16, as FlashAttention
+// does, fails the accuracy bar of a naive f32 implementation wherever sums cancel (measured: dQ =
+// sum_j dS_ij K_j, whose dS rows sum to zero, at 3.6x the bar for D = 7, Sk = 300). Q, K, V, dO are
+// bf16 already, so every product is then exact to about 2^-15 and nothing is rounded before the
+// outputs (each once, from its f32 total).
 //
 // f16 inputs (kExact) enter as hi + lo, two bf16 whose sum is the f16 value exactly (an f16 has 11
 // significant bits, a bf16 8), the two sides of each product concatenated along k:
