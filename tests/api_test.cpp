@@ -374,7 +374,7 @@ TEST(Info, VersionAndIsa) {
 }
 
 // The level of each dtype's kernels: at or below the level that runs, f32's the f32 kernels', f16's the
-// tiles' at the amx level (for head dims of 96 and more; the f32 kernels below them) and else the f32
+// tiles' at the amx level (for head dims of kF16TilesMinHeadDim and more; the f32 kernels below them) and else the f32
 // kernels', bf16's its own exactly where bf16 has kernels of its own (tiles or vdpbf16ps) and else the
 // f32 kernels'; NULL for a value that is no dtype.
 TEST(Info, KernelsIsa) {
@@ -382,7 +382,10 @@ TEST(Info, KernelsIsa) {
   const Isa f32 = level_of(fb_cpu_kernels_isa(FB_F32)).isa, bf16 = level_of(fb_cpu_kernels_isa(FB_BF16)).isa;
   const Isa f16 = level_of(fb_cpu_kernels_isa(FB_F16)).isa;
   EXPECT_EQ(f16, flashback::cpu::active_isa() == Isa::amx ? Isa::amx : f32);
-  EXPECT_EQ(flashback::cpu::kernels_for(flashback::cpu::active_isa(), flashback::core::DType::f16, 64).isa, f32);
+  EXPECT_EQ(flashback::cpu::kernels_for(flashback::cpu::active_isa(), flashback::core::DType::f16,
+                                         flashback::cpu::kF16TilesMinHeadDim - 1)
+                .isa,
+            f32);
   EXPECT_LE(f32, flashback::cpu::active_isa());
   EXPECT_LE(f32, Isa::avx512);
   EXPECT_LE(bf16, flashback::cpu::active_isa());

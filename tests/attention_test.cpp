@@ -248,7 +248,7 @@ std::vector<Case> sequence_length_cases(flashback::cpu::Tiles t, int64_t d = 64)
 }
 
 // Levels whose forward takes wider tiles at larger head dims (tiles.h: avx2 at D >= 128), and f16
-// where it runs the AMX tiles from head dims of 96 up (fbtest::f16_tiles), sweep at D = 128 too.
+// where it runs the AMX tiles from head dims of 64 up (fbtest::f16_tiles), sweep at D = 128 too.
 std::vector<Case> sequence_length_sweep(fb_dtype dtype, bool backward) {
   const flashback::cpu::Tiles t = fbtest::tiles_for(64, 64, backward, dtype);
   const flashback::cpu::Tiles wide = fbtest::tiles_for(128, 128, backward, dtype);

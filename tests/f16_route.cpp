@@ -1,5 +1,5 @@
 // Not a test: the measurement behind README's f16 choice. f16 runs its own kernels: the f32 kernels on
-// inputs converted to f32, or at the amx level for head dims of 96 and more the AMX tiles with each
+// inputs converted to f32, or at the amx level for head dims of 64 and more the AMX tiles with each
 // input as hi + lo, two bf16 that sum to it exactly (math_bf16.h). The alternative measured here is to
 // round f16 inputs to bf16 and run the bf16 kernels (bf16 products on AMX; FLASHBACK_EMULATION=amx
 // runs them on emulated tiles where the CPU has AVX2 but no AMX). This prints, per case and output,

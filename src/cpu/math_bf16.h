@@ -260,66 +260,118 @@ struct MathBf16 {
    private:
     // One online-softmax step on the rows of s (log2 units after scaling): m, l, alpha updated, and
     // P = exp2(S * scale * log2(e) - m) written to pa + pa_lo (zero beyond cols up to BNk; for f16 hi
-    // again at pa + 2 BNk), and under a
-    // mask in f32 over s as well. A row that has seen no visible key yet keeps m = -inf and gets P = 0.
+    // again at pa + 2 BNk), and under a mask in f32 over s as well. A row that has seen no visible key
+    // yet keeps m = -inf and gets P = 0. The rows of a whole key block (the most of them) go four at a
+    // time through softmax_whole; the others (the last key block, masked tiles) one at a time.
     void softmax_rows(int64_t cols, const Mask* mask) {
-      const Dims& z = s_.z;
       rescaled_ = false;
+      int64_t r = 0;
+      if (!mask && cols == s_.z.bnk) {
+        if (cols == 128)
+          for (; r + 4 <= rows_; r += 4) softmax_whole<8, 4>(r);
+        else if (cols == 64)
+          for (; r + 4 <= rows_; r += 4) softmax_whole<4, 4>(r);
+      }
+      for (; r < rows_; ++r) softmax_row(r, cols, mask);
+    }
+
+    // The reference of a row whose raw scores reach `raw_max` (log2 units after scaling by scale2).
+    // Lazy rescaling: the reference moves only when the row's maximum passes it by more than
+    // kLazyRescale (P then stays below 2^kLazyRescale), so after a row's first blocks O is rarely
+    // rescaled and the P V product accumulates onto it without the pass over O. The logits are S *
+    // scale * log2(e): the scale is positive, so the row's largest logit is its largest S times it (the
+    // same bits), and each P one FMA and exp2 from S.
+    float new_max(int64_t r, float raw_max, float scale2) const {
+      const float row_max = raw_max * scale2;
+      return row_max > s_.m[r] + kLazyRescale ? row_max : s_.m[r];
+    }
+    static float ref_of(float m) { return m == -kInf ? 0.0f : m; }
+    // The row's m, l and alpha after a step with reference m_new and sum of P `sum`.
+    void end_row(int64_t r, float m_new, float sum) {
+      const float m_old = s_.m[r], ref = ref_of(m_new);
+      const float alpha = m_old == ref ? 1.0f : V::first(V::exp2(V::set1(m_old - ref))); // exp2(0) = 1
+      s_.alpha[r] = alpha;
+      rescaled_ = rescaled_ || alpha != 1.0f;
+      s_.l[r] = s_.l[r] * alpha + sum;
+      s_.m[r] = m_new;
+    }
+
+    // The step on R rows from r that see all of their NV * 16 keys (NV a power of two, 16 NV = BNk):
+    // the rows held in registers, their maxima and sums as trees, R NV independent exponentials. Row
+    // by row, a step's latency (the maximum's chain and reduction, then the exponentials, then the
+    // sum's) left the vector units idle: measured on the Xeon with AMX, side by side, 0.74x the bf16
+    // forward's time (BENCHMARKS.md).
+    template <int NV, int R>
+    void softmax_whole(int64_t r) {
+      const Dims& z = s_.z;
+      const float scale2 = log2_scale(p_);
+      const typename V::reg mul = V::set1(scale2);
+      typename V::reg x[R][NV], t[R][NV];
+      float m_new[R];
+      for (int q = 0; q < R; ++q) {
+        for (int i = 0; i < NV; ++i) t[q][i] = x[q][i] = V::loadu(s_.s + (r + q) * z.bnp + 16 * i);
+        for (int w = NV / 2; w >= 1; w /= 2)
+          for (int i = 0; i < w; ++i) t[q][i] = V::max(t[q][i], t[q][i + w]);
+        m_new[q] = new_max(r + q, V::reduce_max(t[q][0]), scale2);
+      }
+      for (int q = 0; q < R; ++q) {
+        const typename V::reg vref = V::set1(ref_of(m_new[q]));
+        for (int i = 0; i < NV; ++i) t[q][i] = x[q][i] = V::exp2(V::fms(x[q][i], mul, vref));
+      }
+      for (int q = 0; q < R; ++q) {
+        for (int w = NV / 2; w >= 1; w /= 2)
+          for (int i = 0; i < w; ++i) t[q][i] = V::add(t[q][i], t[q][i + w]);
+        bf16* hi = s_.pa + (r + q) * z.bnkx;
+        for (int i = 0; i < NV; i += 2)
+          Pack::split32(x[q][i], x[q][i + 1], hi + 16 * i, s_.pa_lo + (r + q) * z.bnkx + 16 * i, 32, again_of(z.bnk));
+        end_row(r + q, m_new[q], V::reduce_add(t[q][0]));
+      }
+    }
+
+    // The step on row r, any cols, under a mask or not.
+    void softmax_row(int64_t r, int64_t cols, const Mask* mask) {
+      const Dims& z = s_.z;
       const float scale2 = log2_scale(p_);
       const typename V::reg mul = V::set1(scale2), neg_inf = V::set1(-kInf);
-      for (int64_t r = 0; r < rows_; ++r) {
-        const float* srow = s_.s + r * z.bnp;
-        // The row's S from c0, -inf in lanes c0 + i >= cols and, under a mask, in those it hides.
-        const int32_t lo = mask ? mask->lo : INT32_MIN;
-        const int32_t hi = static_cast<int32_t>(mask ? min64(mask->hi, cols - 1 - r) : cols - 1 - r);
-        auto raw = [&](int64_t c0) {
-          if (!mask && c0 + 16 <= cols) return V::loadu(srow + c0); // every lane visible
-          const typename V::reg x = V::load(srow + c0, static_cast<int>(min64(16, cols - c0)));
-          return V::select(V::in_band(static_cast<int32_t>(c0 - r), 1, lo, hi), x, neg_inf);
-        };
-        // The logits are S * scale * log2(e): the scale is positive, so the row's largest logit is
-        // its largest S times it (the same bits), and each P one FMA and exp2 from S.
-        typename V::reg mx = neg_inf;
-        for (int64_t c0 = 0; c0 < cols; c0 += 16) mx = V::max(mx, raw(c0));
-        const float m_old = s_.m[r];
-        const float row_max = V::reduce_max(mx) * scale2;
-        // Lazy rescaling: the reference moves only when the row's maximum passes it by more than
-        // kLazyRescale (P then stays below 2^kLazyRescale), so after a row's first blocks O is
-        // rarely rescaled and the P V product accumulates onto it without the pass over O.
-        const float m_new = row_max > m_old + kLazyRescale ? row_max : m_old;
-        const float ref = m_new == -kInf ? 0.0f : m_new;
-        const typename V::reg vref = V::set1(ref);
-        // P: exp2 of S as it is, then 0 in the lanes the row does not see, as the backward's P, rather
-        // than exp2(-inf), which underflowed and took a microcode assist per vector on Intel before
-        // V512::exp2 flushed such results itself (a causal forward took 0.60 - 0.64x the non-causal
-        // time, 0.53 - 0.56 after).
-        auto prob = [&](int64_t c0) {
-          if (c0 >= cols) return V::zero();
-          if (!mask && c0 + 16 <= cols) return V::exp2(V::fms(V::loadu(srow + c0), mul, vref));
-          const typename V::reg x = V::load(srow + c0, static_cast<int>(min64(16, cols - c0)));
-          return V::select(V::in_band(static_cast<int32_t>(c0 - r), 1, lo, hi), V::exp2(V::fms(x, mul, vref)),
-                           V::zero());
-        };
-        typename V::reg sum = V::zero();
-        if (!mask) { // P as hi + lo, 32 keys at a time
-          for (int64_t c0 = 0; c0 < z.bnk; c0 += 32) {
-            const typename V::reg p0 = prob(c0), p1 = prob(c0 + 16);
-            sum = V::add(sum, V::add(p0, p1));
-            Pack::split32(p0, p1, s_.pa + r * z.bnkx + c0, s_.pa_lo + r * z.bnkx + c0, z.bnk - c0, again_of(z.bnk));
-          }
-        } else { // P in f32, over s
-          for (int64_t c0 = 0; c0 < z.bnp; c0 += 16) {
-            const typename V::reg pr = prob(c0);
-            sum = V::add(sum, pr);
-            V::store(s_.s + r * z.bnp + c0, pr, static_cast<int>(min64(16, z.bnp - c0)));
-          }
+      const float* srow = s_.s + r * z.bnp;
+      // The row's S from c0, -inf in lanes c0 + i >= cols and, under a mask, in those it hides.
+      const int32_t lo = mask ? mask->lo : INT32_MIN;
+      const int32_t hi = static_cast<int32_t>(mask ? min64(mask->hi, cols - 1 - r) : cols - 1 - r);
+      auto raw = [&](int64_t c0) {
+        if (!mask && c0 + 16 <= cols) return V::loadu(srow + c0); // every lane visible
+        const typename V::reg x = V::load(srow + c0, static_cast<int>(min64(16, cols - c0)));
+        return V::select(V::in_band(static_cast<int32_t>(c0 - r), 1, lo, hi), x, neg_inf);
+      };
+      typename V::reg mx = neg_inf;
+      for (int64_t c0 = 0; c0 < cols; c0 += 16) mx = V::max(mx, raw(c0));
+      const float m_new = new_max(r, V::reduce_max(mx), scale2);
+      const typename V::reg vref = V::set1(ref_of(m_new));
+      // P: exp2 of S as it is, then 0 in the lanes the row does not see, as the backward's P, rather
+      // than exp2(-inf), which underflowed and took a microcode assist per vector on Intel before
+      // V512::exp2 flushed such results itself (a causal forward took 0.60 - 0.64x the non-causal
+      // time, 0.53 - 0.56 after).
+      auto prob = [&](int64_t c0) {
+        if (c0 >= cols) return V::zero();
+        if (!mask && c0 + 16 <= cols) return V::exp2(V::fms(V::loadu(srow + c0), mul, vref));
+        const typename V::reg x = V::load(srow + c0, static_cast<int>(min64(16, cols - c0)));
+        return V::select(V::in_band(static_cast<int32_t>(c0 - r), 1, lo, hi), V::exp2(V::fms(x, mul, vref)),
+                         V::zero());
+      };
+      typename V::reg sum = V::zero();
+      if (!mask) { // P as hi + lo, 32 keys at a time
+        for (int64_t c0 = 0; c0 < z.bnk; c0 += 32) {
+          const typename V::reg p0 = prob(c0), p1 = prob(c0 + 16);
+          sum = V::add(sum, V::add(p0, p1));
+          Pack::split32(p0, p1, s_.pa + r * z.bnkx + c0, s_.pa_lo + r * z.bnkx + c0, z.bnk - c0, again_of(z.bnk));
         }
-        const float alpha = V::first(V::exp2(V::set1(m_old - ref)));
-        s_.alpha[r] = alpha;
-        rescaled_ = rescaled_ || alpha != 1.0f;
-        s_.l[r] = s_.l[r] * alpha + V::reduce_add(sum);
-        s_.m[r] = m_new;
+      } else { // P in f32, over s
+        for (int64_t c0 = 0; c0 < z.bnp; c0 += 16) {
+          const typename V::reg pr = prob(c0);
+          sum = V::add(sum, pr);
+          V::store(s_.s + r * z.bnp + c0, pr, static_cast<int>(min64(16, z.bnp - c0)));
+        }
       }
+      end_row(r, m_new, V::reduce_add(sum));
     }
 
     const ForwardJob& job_;

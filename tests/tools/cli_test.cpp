@@ -529,7 +529,7 @@ TEST_F(Cli, InfoAndHelp) {
   EXPECT_NE(info.out.find("kernels:"), std::string::npos) << info.out;
   const nlohmann::json kernels = nlohmann::json::parse(j.out)["kernels"];
   for (const char* dtype : {"f32", "bf16", "f16"}) EXPECT_FALSE(kernels[dtype].get<std::string>().empty()) << j.out;
-  // f16 runs the f32 kernels, but the tiles at the amx level (from head dims of 96 up: README)
+  // f16 runs the f32 kernels, but the tiles at the amx level (from head dims of 64 up: README)
   const std::string isa = nlohmann::json::parse(j.out)["isa"].get<std::string>();
   if (isa.rfind("amx", 0) == 0)
     EXPECT_EQ(kernels["f16"], isa) << j.out;
