@@ -75,17 +75,17 @@ struct V512 : V512Shape {
   // 0 (as AVX2's exp2 gives 0 below -126.5): a subnormal or underflowing result takes a microcode
   // assist on Intel, about 40x the time of the vector (measured on a Xeon with AMX: 190 - 320 TSC
   // cycles against 5), and values below 2^-125 vanish beside the softmax's largest term (>= 1).
-  // Clamping to [-200, 128] keeps f finite for +-inf; the operand order of max/min and the unordered
-  // comparison keep NaN.
+  // f = x - round(x) in one vreduceps, exact, and n = x - f, exact: the same bits as rounding x first
+  // and clamping it to [-200, 128] (every one of the 2^32 inputs compared), in 0.72x the time (1.9
+  // against 2.6 ns per vector, measured on the Xeon with AMX). +-inf gives f = 0: inf and (masked) 0;
+  // NaN stays NaN (the unordered comparison).
   static reg exp2(reg x) {
     const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
-    x = _mm512_min_ps(_mm512_set1_ps(128.0f), _mm512_max_ps(_mm512_set1_ps(-200.0f), x));
-    const reg n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const reg f = _mm512_sub_ps(x, n);
+    const reg f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     reg p = _mm512_set1_ps(kExp2Poly[0]);
 #pragma GCC unroll 6
     for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[i]));
-    return _mm512_maskz_scalef_ps(normal, p, n);
+    return _mm512_maskz_scalef_ps(normal, p, _mm512_sub_ps(x, f));
   }
 
   // In-register transpose of 16 rows of 16 floats: 4x4 blocks within 128-bit lanes, then two rounds
