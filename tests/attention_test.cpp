@@ -241,6 +241,8 @@ std::vector<Case> sequence_length_cases(flashback::cpu::Tiles t, int64_t d = 64)
   lens.insert(lens.end(), {{1, 3 * t.bn + 5}, {t.bm - 1, t.bn + 1}, {t.bm, 2 * t.bn}, {t.bm + 1, 3 * t.bn + 5}});
   // Sq > Sk
   lens.insert(lens.end(), {{3 * t.bm + 5, 1}, {t.bm + 1, t.bn - 1}, {2 * t.bm, t.bn}, {3 * t.bm + 5, t.bn + 1}});
+  // enough query blocks that the forward takes wide key blocks where it can (tiles.h: wide_keys)
+  lens.insert(lens.end(), {{4 * t.bm + 3, t.bn - 1}, {4 * t.bm + 3, t.bn}, {4 * t.bm + 3, 2 * t.bn + 1}});
   std::vector<Case> cases;
   for (auto [sq, sk] : lens)
     for (Mask mask : {kNoMask, kCausal, window(7, 3)}) cases.push_back(make_case(1, 2, 1, sq, sk, d, d, mask));
@@ -248,14 +250,23 @@ std::vector<Case> sequence_length_cases(flashback::cpu::Tiles t, int64_t d = 64)
 }
 
 // Levels whose forward takes wider tiles at larger head dims (tiles.h: avx2 at D >= 128), and f16
-// where it runs the AMX tiles from head dims of 64 up (fbtest::f16_tiles), sweep at D = 128 too.
+// where it runs the AMX tiles from head dims of 64 up (fbtest::f16_tiles), sweep at D = 128 too; and
+// where problems with wide key blocks take other tiles (tiles.h: the amx forward), around those too.
 std::vector<Case> sequence_length_sweep(fb_dtype dtype, bool backward) {
-  const flashback::cpu::Tiles t = fbtest::tiles_for(64, 64, backward, dtype);
-  const flashback::cpu::Tiles wide = fbtest::tiles_for(128, 128, backward, dtype);
-  std::vector<Case> cases = sequence_length_cases(t);
-  if (wide.bm != t.bm || wide.bn != t.bn || (dtype == FB_F16 && fbtest::f16_tiles())) {
-    const std::vector<Case> more = sequence_length_cases(wide, 128);
+  std::vector<Case> cases;
+  auto add = [&](flashback::cpu::Tiles t, int64_t d) {
+    const std::vector<Case> more = sequence_length_cases(t, d);
     cases.insert(cases.end(), more.begin(), more.end());
+  };
+  auto same = [](flashback::cpu::Tiles a, flashback::cpu::Tiles b) { return a.bm == b.bm && a.bn == b.bn; };
+  for (bool wide_keys : {false, true}) {
+    const flashback::cpu::Tiles t = fbtest::tiles_for(64, 64, backward, dtype, wide_keys);
+    const flashback::cpu::Tiles wide = fbtest::tiles_for(128, 128, backward, dtype, wide_keys);
+    if (wide_keys && same(t, fbtest::tiles_for(64, 64, backward, dtype)) &&
+        same(wide, fbtest::tiles_for(128, 128, backward, dtype)))
+      break; // the same tiles either way
+    add(t, 64);
+    if (!same(wide, t) || (dtype == FB_F16 && fbtest::f16_tiles())) add(wide, 128);
   }
   return cases;
 }

@@ -55,16 +55,19 @@ bool bf16_dot_kernels();
 // registrations test): FLASHBACK_BF16_DOT=1, the emulated avx512bf16 level.
 bool bf16_only_registration();
 // The dtypes a level's registration tests: f32, bf16 and f16; bf16 alone where bf16_only_registration()
-// but on emulated tiles, which test bf16 and f16 (f16's tiles, for head dims of 96 and more).
+// but on emulated tiles, which test bf16 and f16 (f16's tiles, for head dims of 64 and more).
 std::vector<fb_dtype> level_dtypes();
-// Whether f16 runs the AMX tiles here for large head dims (max(D, Dv) >= 96; cpu/kernels.h).
+// Whether f16 runs the AMX tiles here for large head dims (max(D, Dv) >= kF16TilesMinHeadDim; cpu/kernels.h).
 bool f16_tiles();
-// A test's head dim d for dtype: at least 96 for f16 where f16_tiles(), so that the test runs f16's
-// tile kernels there (below 96 it runs the f32 kernels, which the avx512 registration tests).
+// A test's head dim d for dtype: at least kF16TilesMinHeadDim for f16 where f16_tiles(), so that the test
+// runs f16's tile kernels there (below it runs the f32 kernels, which the avx512 registration tests).
 int64_t head_dim_for(fb_dtype dtype, int64_t d);
 
-// The tiles of the kernels this process runs for a dtype; sweeps put sequence lengths around them.
-flashback::cpu::Tiles tiles_for(int64_t head_dim, int64_t head_dim_v, bool backward, fb_dtype dtype = FB_F32);
+// The tiles of the kernels this process runs for a dtype, for problems that take wide key blocks or
+// not (cpu/tiles.h: wide_keys; masked, decoding and short problems do not); sweeps put sequence lengths
+// around them.
+flashback::cpu::Tiles tiles_for(int64_t head_dim, int64_t head_dim_v, bool backward, fb_dtype dtype = FB_F32,
+                                bool wide = false);
 
 // --- Tensors over backing buffers ---------------------------------------------------------------------
 

@@ -78,6 +78,8 @@ struct Problem {
   Rows3 lse, delta;
 
   int64_t group() const { return heads_q / heads_kv; } // query heads per kv head
+  // A causal or windowed mask: some key may be hidden from some row (the tile sizes may differ).
+  bool masked() const { return window_left >= 0 || window_right >= 0; }
 };
 
 // Validate the arguments of fb_forward / fb_backward and describe the problem. Throws Error naming

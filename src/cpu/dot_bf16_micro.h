@@ -42,7 +42,7 @@ struct DotBf16Micro {
   static_assert(V::lanes == 16);
 
   static Tiles tiles(const core::Problem& p, bool backward) {
-    return choose_tiles(isa, p.head_dim, p.head_dim_v, backward);
+    return choose_tiles(isa, p.head_dim, p.head_dim_v, backward, wide_keys(p));
   }
   static void begin() {}
   static void end() {}

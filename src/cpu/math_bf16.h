@@ -271,6 +271,8 @@ struct MathBf16 {
           for (; r + 4 <= rows_; r += 4) softmax_whole<8, 4>(r);
         else if (cols == 64)
           for (; r + 4 <= rows_; r += 4) softmax_whole<4, 4>(r);
+        else if (cols == 256)
+          for (; r + 2 <= rows_; r += 2) softmax_whole<16, 2>(r);
       }
       for (; r < rows_; ++r) softmax_row(r, cols, mask);
     }

@@ -1,4 +1,4 @@
-// Tile sizes: a small constexpr function of (ISA, head dims, pass), unit-tested in tests/cpu/tiles_test.cpp.
+// Tile sizes: a small constexpr function of (ISA, head dims, pass, wide_keys), unit-tested in tests/cpu/tiles_test.cpp.
 // The tests derive their sequence-length sweeps (1, BM-1, BM, BM+1, ...) from it.
 #pragma once
 
@@ -9,7 +9,8 @@
 
 namespace flashback::cpu {
 
-constexpr Tiles choose_tiles(Isa isa, int64_t head_dim, int64_t head_dim_v, bool backward) {
+// wide: the problem's forward may take wide key blocks (wide_keys below).
+constexpr Tiles choose_tiles(Isa isa, int64_t head_dim, int64_t head_dim_v, bool backward, bool wide) {
   (void)head_dim_v;
   if (isa == Isa::scalar) return {32, 32};
   // AVX2 and AVX-512 (measured on Zen 4, D = 64 and 128, one thread, min of 5; see BENCHMARKS.md):
@@ -29,13 +30,26 @@ constexpr Tiles choose_tiles(Isa isa, int64_t head_dim, int64_t head_dim_v, bool
   if (isa == Isa::avx512bf16) return backward ? Tiles{128, 128} : Tiles{64, 128};
   // AMX forward 64 x 128 (measured on a Xeon with AMX, side by side, B = 1, Hq = 16, S = 4096): the
   // P V product's k doubles, so each accumulator tile of O is loaded and stored once per 128 keys:
-  // 0.86x the time of 64 x 64 at D = 128, 0.92x at D = 64. The backward keeps 128 x 64 (64 x 64,
-  // 64 x 128 and 128 x 128 within the noise of those rounds).
-  if (isa == Isa::amx && !backward) return Tiles{64, 128};
+  // 0.86x the time of 64 x 64 at D = 128, 0.92x at D = 64. Where wide_keys, 64 x 256 (once the
+  // softmax took whole key blocks several rows at a time): 0.88x the time of 64 x 128 at D = 128, 0.91x
+  // at D = 64, 0.86x at D = 256, 0.98x at S = 512 (Hq = 128); 128 x 128, 32 x 256 and 128 x 256 no
+  // faster. The backward keeps 128 x 64 (64 x 64, 64 x 128 and 128 x 128 within the noise of those
+  // rounds).
+  if (isa == Isa::amx && !backward) return Tiles{64, wide ? 256 : 128};
   return backward ? Tiles{128, 64} : Tiles{64, 64};
 }
 
-static_assert(choose_tiles(Isa::scalar, 64, 64, false).bm > 0);
-static_assert(choose_tiles(Isa::avx512, 128, 128, true).bm % 16 == 0 && choose_tiles(Isa::avx512, 128, 128, true).bn % 16 == 0);
+static_assert(choose_tiles(Isa::scalar, 64, 64, false, false).bm > 0);
+
+// Whether a problem's forward may take wide key blocks (choose_tiles: the amx level): without a mask,
+// since partially masked tiles, whose products run in f32, grow with the key block (causal took 0.99x
+// the time at S = 4096 and 1.16x at S = 512 with 64 x 256), and where each key block serves more than
+// one work item's query blocks (not decoding, whose K and V are packed per tile; few_query_blocks,
+// blocks.h, with the forward's 64 rows).
+inline bool wide_keys(const core::Problem& p) {
+  return !p.masked() && p.heads_kv > 0 && p.group() * ((p.seqlen_q + 63) / 64) > kMaxGroup;
+}
+static_assert(choose_tiles(Isa::avx512, 128, 128, true, false).bm % 16 == 0 &&
+              choose_tiles(Isa::avx512, 128, 128, true, false).bn % 16 == 0);
 
 } // namespace flashback::cpu

@@ -18,14 +18,14 @@ constexpr Isa kIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512bf16, I
 constexpr int64_t kHeadDims[] = {1, 7, 16, 32, 63, 64, 80, 96, 128, 200, 255, 256};
 
 // A constant expression: usable where the kernels need compile-time tile sizes.
-static_assert(choose_tiles(Isa::avx512, 128, 128, true).bm > 0);
+static_assert(choose_tiles(Isa::avx512, 128, 128, true, false).bm > 0);
 
 TEST(Tiles, PositiveForEveryIsaHeadDimAndPass) {
   for (Isa isa : kIsas)
     for (int64_t d : kHeadDims)
       for (int64_t dv : kHeadDims)
         for (bool backward : {false, true}) {
-          const Tiles t = choose_tiles(isa, d, dv, backward);
+          const Tiles t = choose_tiles(isa, d, dv, backward, d < dv); // wide or not
           EXPECT_GT(t.bm, 0) << flashback::cpu::isa_name(isa) << " D=" << d << " Dv=" << dv << " bwd=" << backward;
           EXPECT_GT(t.bn, 0) << flashback::cpu::isa_name(isa) << " D=" << d << " Dv=" << dv << " bwd=" << backward;
         }
@@ -35,11 +35,12 @@ TEST(Tiles, PositiveForEveryIsaHeadDimAndPass) {
 TEST(Tiles, SimdTilesAreMultiplesOf16) {
   for (Isa isa : {Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
     for (int64_t d : kHeadDims)
-      for (bool backward : {false, true}) {
-        const Tiles t = choose_tiles(isa, d, d, backward);
-        EXPECT_EQ(t.bm % 16, 0) << flashback::cpu::isa_name(isa) << " D=" << d << " bwd=" << backward;
-        EXPECT_EQ(t.bn % 16, 0) << flashback::cpu::isa_name(isa) << " D=" << d << " bwd=" << backward;
-      }
+      for (bool backward : {false, true})
+        for (bool wide : {false, true}) {
+          const Tiles t = choose_tiles(isa, d, d, backward, wide);
+          EXPECT_EQ(t.bm % 16, 0) << flashback::cpu::isa_name(isa) << " D=" << d << " bwd=" << backward;
+          EXPECT_EQ(t.bn % 16, 0) << flashback::cpu::isa_name(isa) << " D=" << d << " bwd=" << backward;
+        }
 }
 
 // The sweeps in attention_test derive their sequence lengths from choose_tiles: each kernel set must
@@ -52,14 +53,23 @@ TEST(Tiles, KernelSetsRunWithChooseTiles) {
         for (bool backward : {false, true}) {
           const flashback::cpu::KernelSet& ks = flashback::cpu::kernels_for(isa, dtype, std::max(d, 257 - d));
           EXPECT_LE(ks.isa, isa);
-          flashback::core::Problem p;
-          p.dtype = dtype;
-          p.head_dim = d;
-          p.head_dim_v = 257 - d;
-          const Tiles want = choose_tiles(ks.isa, p.head_dim, p.head_dim_v, backward);
-          const Tiles got = ks.tiles(p, backward);
-          EXPECT_EQ(got.bm, want.bm) << flashback::cpu::isa_name(ks.isa) << " D=" << d << " bwd=" << backward;
-          EXPECT_EQ(got.bn, want.bn) << flashback::cpu::isa_name(ks.isa) << " D=" << d << " bwd=" << backward;
+          for (int shape = 0; shape < 3; ++shape) { // long, causal, decoding
+            flashback::core::Problem p;
+            p.dtype = dtype;
+            p.head_dim = d;
+            p.head_dim_v = 257 - d;
+            p.batch = 1;
+            p.heads_q = 8;
+            p.heads_kv = 2;
+            p.seqlen_q = shape == 2 ? 1 : 4096;
+            p.seqlen_k = 4096;
+            if (shape == 1) p.window_right = 0;
+            EXPECT_EQ(flashback::cpu::wide_keys(p), shape == 0);
+            const Tiles want = choose_tiles(ks.isa, p.head_dim, p.head_dim_v, backward, shape == 0);
+            const Tiles got = ks.tiles(p, backward);
+            EXPECT_EQ(got.bm, want.bm) << flashback::cpu::isa_name(ks.isa) << " D=" << d << " bwd=" << backward;
+            EXPECT_EQ(got.bn, want.bn) << flashback::cpu::isa_name(ks.isa) << " D=" << d << " bwd=" << backward;
+          }
         }
     }
 }

@@ -98,7 +98,7 @@ struct AmxMicro {
   static constexpr int64_t kF32Rows = 24;
 
   static Tiles tiles(const core::Problem& p, bool backward) {
-    return choose_tiles(isa, p.head_dim, p.head_dim_v, backward);
+    return choose_tiles(isa, p.head_dim, p.head_dim_v, backward, wide_keys(p));
   }
   // The tile configuration of a thread's work items: gemm runs only between the two.
   static void begin() { TileOps::begin(); }
