@@ -143,7 +143,7 @@ def main():
     else:
         print("(A run without adjacent probes: '% of ceiling' divides by the run's ceiling, ratios compare raw times.)")
     if adjacent_amx:
-        print(f"Rows on AMX (bf16, f16 at D >= 96, and the AMX kernel) divide by the AMX TDPBF16PS ceiling measured right before "
+        print(f"Rows on AMX (bf16, f16 where it runs the tiles, and the AMX kernel) divide by the AMX TDPBF16PS ceiling measured right before "
               f"each repetition instead: {min(adjacent_amx) / 1e12:.2f} - {max(adjacent_amx) / 1e12:.2f} TFLOP/s "
               f"(median {statistics.median(adjacent_amx) / 1e12:.2f}).")
     print()

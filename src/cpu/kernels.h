@@ -130,7 +130,7 @@ const KernelSet& kernels_emulated(Isa isa, core::DType dtype);
 // f16 at the amx level runs the AMX tiles (its inputs as exact hi + lo bf16, math_bf16.h) where the
 // larger head dim max(D, Dv) is at least this, and the avx512 f32 kernels (inputs converted) below.
 // Measured on a Xeon with AMX (B = 1, Hq = 16, S = 4096, 2 threads, side by side, 8 - 10 rounds, since
-// the forward's softmax takes its rows four at a time), the tiles' time over the f32 kernels': D = 64
+// the forward's softmax takes its rows several at a time), the tiles' time over the f32 kernels': D = 64
 // forward 0.65, backward 0.90; D = 32 forward 0.79, backward 1.03; D = 16 (S = 2048) forward 1.06,
 // backward 1.20. Before that change: D = 128 forward 0.65, backward 0.83; D = 96 0.75, 0.88; D = 64
 // 0.90, 1.17 (Hq = 8).

@@ -261,8 +261,9 @@ struct MathBf16 {
     // One online-softmax step on the rows of s (log2 units after scaling): m, l, alpha updated, and
     // P = exp2(S * scale * log2(e) - m) written to pa + pa_lo (zero beyond cols up to BNk; for f16 hi
     // again at pa + 2 BNk), and under a mask in f32 over s as well. A row that has seen no visible key
-    // yet keeps m = -inf and gets P = 0. The rows of a whole key block (the most of them) go four at a
-    // time through softmax_whole; the others (the last key block, masked tiles) one at a time.
+    // yet keeps m = -inf and gets P = 0. The rows of a whole key block (the most of them) go through
+    // softmax_whole several at a time (four of 128 keys, two of 256); the others (the last key block,
+    // masked tiles) one at a time.
     void softmax_rows(int64_t cols, const Mask* mask) {
       rescaled_ = false;
       int64_t r = 0;
