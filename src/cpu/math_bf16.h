@@ -499,14 +499,20 @@ struct MathBf16 {
       // s [rows][cols] = Q K^T, then P = exp2(S * scale * log2(e) - lse2), 0 where masked
       BMicro::gemm(rows, cols, z.dkx, q.qa, x_lo(q.qa, z.bmp, z.dkx), z.dkx, s_.ktb, 2 * z.bnp, s_.s, z.bnp, false,
                    nullptr);
-      F::probs(s_.s, z.bnp, rows, cols, log2_scale(p_), job_.lse2 + row0, mask);
+      // P^T's split for dV in the same pass as P where the tile takes its products on tiles
+      const bool fused_p = job_.need_dv && !f32_products_;
+      if (fused_p)
+        probs_split_t(rows, cols, job_.lse2 + row0);
+      else
+        F::probs(s_.s, z.bnp, rows, cols, log2_scale(p_), job_.lse2 + row0, mask);
       // dv [cols][Dv] += P^T dO
       if (job_.need_dv) {
         if (f32_products_) {
           F::load_rows(row_ptr<const T>(p_.dout, b, h, i0), p_.dout.ss, rows, p_.head_dim_v, s_.dof, z.dvn);
           product_f32(cols, p_.head_dim_v, rows, s_.s, 1, z.bnp, s_.dof, z.dvn, s_.dv, z.dvn, false);
         } else {
-          Pack::split_f32_t(s_.s, z.bnp, rows, cols, s_.pta, s_.pta_lo, z.bmkx, z.bmk, z.bnp, again_of(z.bmk));
+          if (!fused_p)
+            Pack::split_f32_t(s_.s, z.bnp, rows, cols, s_.pta, s_.pta_lo, z.bmkx, z.bmk, z.bnp, again_of(z.bmk));
           BMicro::gemm(cols, p_.head_dim_v, rk, s_.pta, p_lo(s_.pta_lo), z.bmkx, q.dob, 2 * z.dvn, s_.dv, z.dvn, true,
                        nullptr);
         }
@@ -515,7 +521,12 @@ struct MathBf16 {
       // dp [rows][cols] = dO V^T, then dS = P (dP - delta) * scale
       BMicro::gemm(rows, cols, z.dvkx, q.doa, x_lo(q.doa, z.bmp, z.dvkx), z.dvkx, s_.vtb, 2 * z.bnp, s_.dp, z.bnp,
                    false, nullptr);
-      F::dscores(s_.s, s_.dp, z.bnp, rows, cols, job_.delta + row0, p_.scale, mask);
+      // dS's split for dQ in the same pass as dS likewise
+      const bool fused = job_.need_dq && !f32_products_;
+      if (fused)
+        dscores_split(rows, cols, job_.delta + row0);
+      else
+        F::dscores(s_.s, s_.dp, z.bnp, rows, cols, job_.delta + row0, p_.scale, mask);
       // dk [cols][D] += dS^T Q
       if (job_.need_dk) {
         if (f32_products_) {
@@ -527,8 +538,55 @@ struct MathBf16 {
                        nullptr);
         }
       }
-      if (job_.need_dq && !f32_products_)
-        Pack::split_f32(s_.dp, z.bnp, rows, cols, s_.dsa, s_.dsa_lo, z.bnkx, z.bnk, z.bmp, again_of(z.bnk));
+    }
+
+    // P = exp2(S * scale * log2(e) - lse2) of an unmasked tile (as F::probs) into s, and P^T as dV's A
+    // operand, hi + lo (as Pack::split_f32_t), in the same pass: s is read once.
+    void probs_split_t(int64_t rows, int64_t cols, const float* lse2) {
+      const Dims& z = s_.z;
+      const typename V::reg mul = V::set1(log2_scale(p_));
+      for (int64_t c0 = 0; c0 < z.bnp; c0 += 16) {
+        const int n = static_cast<int>(min64(16, cols - c0));
+        for (int64_t r0 = 0; r0 < z.bmk; r0 += 16) {
+          typename V::reg block[16];
+          for (int i = 0; i < 16; ++i) {
+            float* row = s_.s + (r0 + i) * z.bnp + c0;
+            block[i] = V::zero();
+            if (r0 + i >= rows || n <= 0) continue;
+            typename V::reg pr = V::exp2(V::fms(V::load(row, n), mul, V::set1(lse2[r0 + i])));
+            if (n < 16) pr = V::select(V::in_band(0, 1, 0, n - 1), pr, V::zero()); // no keys past cols
+            V::store(row, pr, n);
+            block[i] = pr;
+          }
+          V::transpose(block);
+          for (int j = 0; j < 16; ++j)
+            Pack::split(block[j], s_.pta + (c0 + j) * z.bmkx + r0, s_.pta_lo + (c0 + j) * z.bmkx + r0, z.bmk - r0,
+                        again_of(z.bmk));
+        }
+      }
+    }
+
+    // dS = P (dP - delta) * scale of an unmasked tile (as F::dscores) into dp, and as dQ's A operand,
+    // hi + lo [BMp][BNk] (zeros beyond rows and cols), in the same pass: dp is read once.
+    void dscores_split(int64_t rows, int64_t cols, const float* delta) {
+      const Dims& z = s_.z;
+      const typename V::reg vs = V::set1(p_.scale);
+      for (int64_t r = 0; r < z.bmp; ++r) {
+        const typename V::reg dl = V::set1(r < rows ? delta[r] : 0.0f);
+        float* dp = s_.dp + r * z.bnp;
+        const float* pr = s_.s + r * z.bnp;
+        auto ds = [&](int64_t c0) {
+          if (r >= rows || c0 >= cols) return V::zero();
+          const int n = static_cast<int>(min64(16, cols - c0));
+          const typename V::reg x = V::mul(V::mul(V::load(pr + c0, n), V::sub(V::load(dp + c0, n), dl)), vs);
+          V::store(dp + c0, x, n);
+          return x;
+        };
+        for (int64_t c0 = 0; c0 < z.bnk; c0 += 32) {
+          const typename V::reg d0 = ds(c0), d1 = ds(c0 + 16);
+          Pack::split32(d0, d1, s_.dsa + r * z.bnkx + c0, s_.dsa_lo + r * z.bnkx + c0, z.bnk - c0, again_of(z.bnk));
+        }
+      }
     }
 
     // dq [rows][D] += dS K for the last add() (in f32 where its other products were).

@@ -128,19 +128,6 @@ struct PackBf16 {
     _mm512_mask_storeu_epi16(lo, m, l);
   }
 
-  // hi + lo [rows_pad][width] bf16 (row stride ldd) = src [rows][cols] f32, zeros beyond; hi also at
-  // hi + again when again is not 0.
-  static void split_f32(const float* src, int64_t lds, int64_t rows, int64_t cols, bf16* hi, bf16* lo, int64_t ldd,
-                        int64_t width, int64_t rows_pad, int64_t again = 0) {
-    auto load = [&](int64_t r, int64_t c0) {
-      return r < rows && c0 < cols ? _mm512_maskz_loadu_ps(first16(cols - c0), src + r * lds + c0)
-                                   : _mm512_setzero_ps();
-    };
-    for (int64_t r = 0; r < rows_pad; ++r)
-      for (int64_t c0 = 0; c0 < width; c0 += 32)
-        split32(load(r, c0), load(r, c0 + 16), hi + r * ldd + c0, lo + r * ldd + c0, width - c0, again);
-  }
-
   // hi + lo [cols_pad][width] bf16 (row stride ldd) = (src [rows][cols] f32)^T, zeros beyond (cols_pad
   // and width multiples of 16); hi also at hi + again when again is not 0.
   static void split_f32_t(const float* src, int64_t lds, int64_t rows, int64_t cols, bf16* hi, bf16* lo,

@@ -79,13 +79,6 @@ struct PackBf16Portable {
     split(x0, hi, lo, n, again);
     if (n > 16) split(x1, hi + 16, lo + 16, n - 16, again);
   }
-  // hi + lo [rows_pad][width] (row stride ldd) = src [rows][cols], zeros beyond; hi also at hi + again.
-  static void split_f32(const float* src, int64_t lds, int64_t rows, int64_t cols, bf16* hi, bf16* lo, int64_t ldd,
-                        int64_t width, int64_t rows_pad, int64_t again = 0) {
-    for (int64_t r = 0; r < rows_pad; ++r)
-      for (int64_t c = 0; c < width; ++c)
-        split(r < rows && c < cols ? src[r * lds + c] : 0.0f, hi + r * ldd + c, lo + r * ldd + c, again);
-  }
   // hi + lo [cols_pad][width] (row stride ldd) = (src [rows][cols])^T, zeros beyond; hi also at hi + again.
   static void split_f32_t(const float* src, int64_t lds, int64_t rows, int64_t cols, bf16* hi, bf16* lo,
                           int64_t ldd, int64_t width, int64_t cols_pad, int64_t again = 0) {
