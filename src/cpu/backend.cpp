@@ -266,7 +266,10 @@ core::Problem swap_decoding_heads(const core::Problem& p) {
   return s;
 }
 
-int64_t forward_splits(const core::Problem& p) { return splits_for(p, active_kernels(p).tiles(p, false)); }
+int64_t forward_splits(const core::Problem& p) {
+  const core::Problem s = swap_decoding_heads(p); // as forward() runs it: the tiles may differ (tiles.h)
+  return splits_for(s, active_kernels(s).tiles(s, false));
+}
 int64_t backward_splits(const core::Problem& p) { return backward_splits_for(p, active_kernels(p).tiles(p, true)); }
 
 size_t forward_workspace_bytes(const core::Problem& p) {
