@@ -10,6 +10,7 @@
 #include "core/problem.h"
 #include "cpu/half.h"
 #include "cpu/kernels.h"
+#include "cpu/tiles.h" // few_query_blocks
 
 namespace flashback::cpu {
 namespace {
@@ -95,13 +96,6 @@ struct RowBlock {
 inline RowBlock row_block(int64_t item, int64_t heads, int64_t blocks, int64_t size, int64_t seqlen) {
   const int64_t bh = item / blocks, block = item % blocks, first = block * size;
   return {bh / heads, bh % heads, block, first, min64(seqlen, first + size) - first};
-}
-
-// Whether the query side of a kv head is at most kMaxGroup query blocks (decoding, short chunks
-// against a long cache): then each key block serves one forward work item or few, and the tile maths
-// prepare K and V per tile, in the item's scratch, rather than once per call for the whole cache.
-inline bool few_query_blocks(const core::Problem& p, Tiles t) {
-  return p.group() * (round_up(p.seqlen_q, t.bm) / t.bm) <= kMaxGroup;
 }
 
 template <class T>

@@ -499,9 +499,8 @@ struct MathBf16 {
       // s [rows][cols] = Q K^T, then P = exp2(S * scale * log2(e) - lse2), 0 where masked
       BMicro::gemm(rows, cols, z.dkx, q.qa, x_lo(q.qa, z.bmp, z.dkx), z.dkx, s_.ktb, 2 * z.bnp, s_.s, z.bnp, false,
                    nullptr);
-      // P^T's split for dV in the same pass as P where the tile takes its products on tiles
-      const bool fused_p = job_.need_dv && !f32_products_;
-      if (fused_p)
+      // with P^T's split for dV in the same pass where the tile takes its products on tiles
+      if (job_.need_dv && !f32_products_)
         probs_split_t(rows, cols, job_.lse2 + row0);
       else
         F::probs(s_.s, z.bnp, rows, cols, log2_scale(p_), job_.lse2 + row0, mask);
@@ -510,9 +509,7 @@ struct MathBf16 {
         if (f32_products_) {
           F::load_rows(row_ptr<const T>(p_.dout, b, h, i0), p_.dout.ss, rows, p_.head_dim_v, s_.dof, z.dvn);
           product_f32(cols, p_.head_dim_v, rows, s_.s, 1, z.bnp, s_.dof, z.dvn, s_.dv, z.dvn, false);
-        } else {
-          if (!fused_p)
-            Pack::split_f32_t(s_.s, z.bnp, rows, cols, s_.pta, s_.pta_lo, z.bmkx, z.bmk, z.bnp, again_of(z.bmk));
+        } else { // P^T split by probs_split_t
           BMicro::gemm(cols, p_.head_dim_v, rk, s_.pta, p_lo(s_.pta_lo), z.bmkx, q.dob, 2 * z.dvn, s_.dv, z.dvn, true,
                        nullptr);
         }
@@ -521,9 +518,8 @@ struct MathBf16 {
       // dp [rows][cols] = dO V^T, then dS = P (dP - delta) * scale
       BMicro::gemm(rows, cols, z.dvkx, q.doa, x_lo(q.doa, z.bmp, z.dvkx), z.dvkx, s_.vtb, 2 * z.bnp, s_.dp, z.bnp,
                    false, nullptr);
-      // dS's split for dQ in the same pass as dS likewise
-      const bool fused = job_.need_dq && !f32_products_;
-      if (fused)
+      // with dS's split for dQ in the same pass likewise
+      if (job_.need_dq && !f32_products_)
         dscores_split(rows, cols, job_.delta + row0);
       else
         F::dscores(s_.s, s_.dp, z.bnp, rows, cols, job_.delta + row0, p_.scale, mask);
@@ -553,7 +549,7 @@ struct MathBf16 {
             float* row = s_.s + (r0 + i) * z.bnp + c0;
             block[i] = V::zero();
             if (r0 + i >= rows || n <= 0) continue;
-            typename V::reg pr = V::exp2(V::fms(V::load(row, n), mul, V::set1(lse2[r0 + i])));
+            typename V::reg pr = F::prob(V::load(row, n), mul, V::set1(lse2[r0 + i]));
             if (n < 16) pr = V::select(V::in_band(0, 1, 0, n - 1), pr, V::zero()); // no keys past cols
             V::store(row, pr, n);
             block[i] = pr;
@@ -578,7 +574,7 @@ struct MathBf16 {
         auto ds = [&](int64_t c0) {
           if (r >= rows || c0 >= cols) return V::zero();
           const int n = static_cast<int>(min64(16, cols - c0));
-          const typename V::reg x = V::mul(V::mul(V::load(pr + c0, n), V::sub(V::load(dp + c0, n), dl)), vs);
+          const typename V::reg x = F::dscore(V::load(pr + c0, n), V::load(dp + c0, n), dl, vs);
           V::store(dp + c0, x, n);
           return x;
         };

@@ -244,6 +244,11 @@ struct MicroF32 {
     }
   }
 
+  // One vector of P = exp2(S * mul - lse2) and of dS = P (dP - delta) * scale: the formulas of probs and
+  // dscores, and of the tile maths' passes that fuse them with other work (the same bits).
+  static R prob(R s, R mul, R lse2) { return V::exp2(V::fms(s, mul, lse2)); }
+  static R dscore(R p, R dp, R delta, R scale) { return V::mul(V::mul(p, V::sub(dp, delta)), scale); }
+
   // S [rows][ld] -> P = exp2(S * mul - lse2[r]), 0 where masked.
   static void probs(float* s, int64_t ld, int64_t rows, int64_t cols, float mul, const float* lse2, const Mask* mask) {
     const R vmul = V::set1(mul);
@@ -252,7 +257,7 @@ struct MicroF32 {
       float* row = s + r * ld;
       for (int64_t c0 = 0; c0 < cols; c0 += L) {
         const int n = static_cast<int>(min64(L, cols - c0));
-        R p = V::exp2(V::fms(V::load(row + c0, n), vmul, sub));
+        R p = prob(V::load(row + c0, n), vmul, sub);
         if (mask) p = V::select(V::in_band(static_cast<int32_t>(c0 - r), 1, mask->lo, mask->hi), p, V::zero());
         V::store(row + c0, p, n);
       }
@@ -268,7 +273,7 @@ struct MicroF32 {
       for (int64_t c0 = 0; c0 < cols; c0 += L) {
         const int n = static_cast<int>(min64(L, cols - c0));
         const R x = V::load(dp + r * ld + c0, n), pr = V::load(p + r * ld + c0, n);
-        R ds = V::mul(V::mul(pr, V::sub(x, dl)), vs);
+        R ds = dscore(pr, x, dl, vs);
         if (mask) ds = V::select(V::in_band(static_cast<int32_t>(c0 - r), 1, mask->lo, mask->hi), ds, V::zero());
         V::store(dp + r * ld + c0, ds, n);
       }

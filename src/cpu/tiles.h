@@ -41,14 +41,27 @@ constexpr Tiles choose_tiles(Isa isa, int64_t head_dim, int64_t head_dim_v, bool
 
 static_assert(choose_tiles(Isa::scalar, 64, 64, false, false).bm > 0);
 
+namespace { // internal linkage, as blocks.h: compiled into every ISA's translation unit
+
+// Whether the query side of a kv head is at most kMaxGroup query blocks (decoding, short chunks
+// against a long cache): then each key block serves one forward work item or few, and the tile maths
+// prepare K and V per tile, in the item's scratch, rather than once per call for the whole cache.
+inline bool few_query_blocks(const core::Problem& p, Tiles t) {
+  return p.group() * ((p.seqlen_q + t.bm - 1) / t.bm) <= kMaxGroup;
+}
+
 // Whether a problem's forward may take wide key blocks (choose_tiles: the amx level): without a mask,
 // since partially masked tiles, whose products run in f32, grow with the key block (causal took 0.99x
 // the time at S = 4096 and 1.16x at S = 512 with 64 x 256), and where each key block serves more than
-// one work item's query blocks (not decoding, whose K and V are packed per tile; few_query_blocks,
-// blocks.h, with the forward's 64 rows).
+// one work item's query blocks (not few_query_blocks, as in decoding, whose K and V are packed per
+// tile).
 inline bool wide_keys(const core::Problem& p) {
-  return !p.masked() && p.heads_kv > 0 && p.group() * ((p.seqlen_q + 63) / 64) > kMaxGroup;
+  constexpr Tiles narrow = choose_tiles(Isa::amx, 128, 128, false, false);
+  return !p.masked() && p.heads_kv > 0 && !few_query_blocks(p, narrow);
 }
+
+} // namespace
+
 static_assert(choose_tiles(Isa::avx512, 128, 128, true, false).bm % 16 == 0 &&
               choose_tiles(Isa::avx512, 128, 128, true, false).bn % 16 == 0);
 
