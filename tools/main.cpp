@@ -43,7 +43,7 @@ int run_info(const InfoFlags& f) {
   const std::string f16 = fb_cpu_kernels_isa(FB_F16);
   std::printf("kernels: f32 %s, bf16 %s, f16 %s%s  (the level of each dtype's kernels; README \"Instruction sets\")\n",
               fb_cpu_kernels_isa(FB_F32), fb_cpu_kernels_isa(FB_BF16), f16.c_str(),
-              f16.rfind("amx", 0) == 0 ? " (head dims >= 96; the f32 kernels below)" : "");
+              f16.rfind("amx", 0) == 0 ? " (head dims >= 64; the f32 kernels below)" : "");
   std::printf("threads: %d  (%s)\n", default_threads(),
               threads_env ? ("FLASHBACK_NUM_THREADS=" + std::string(threads_env)).c_str()
                           : "OpenMP's default; set FLASHBACK_NUM_THREADS or --threads to change it");
