@@ -289,6 +289,19 @@ void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
   for (int64_t x = part * pairs / job.splits; x < x_end; ++x) {
     const int64_t h = hk * p.group() + x / span, ib = imin + x % span;
     const int64_t i0 = ib * t.bm, rows = min64(p.seqlen_q, i0 + t.bm) - i0;
+    // The item's next query block is brought into cache while this one's tiles run: each key block
+    // that sees this one fetches a share of its operands (Math::Backward::upcoming, where the tile
+    // math has it), whose first use otherwise waited on memory.
+    if constexpr (requires(Backward& bw) { bw.upcoming(b, h, i0, rows, x, x); }) {
+      if (x + 1 < x_end) {
+        const int64_t h1 = hk * p.group() + (x + 1) / span, i1 = (imin + (x + 1) % span) * t.bm;
+        const int64_t rows1 = min64(p.seqlen_q, i1 + t.bm) - i1;
+        int64_t seen = 0, share = 0;
+        for (int64_t g = 0; g < blocks; ++g) seen += ib >= ifirst[g] && ib <= ilast[g];
+        for (int64_t g = 0; g < blocks; ++g)
+          if (ib >= ifirst[g] && ib <= ilast[g]) w[g].upcoming(b, h1, i1, rows1, share++, seen);
+      }
+    }
     // The key blocks that see this query block: gs .. gs + n - 1 (consecutive: the band's).
     int64_t gs = -1, n = 0;
     bool masked[kMaxGroup] = {};
