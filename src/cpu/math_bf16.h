@@ -512,14 +512,28 @@ struct MathBf16 {
       if (mask) tile_mask_ = *mask;
       masked_ = mask != nullptr;
       f32_products_ = masked_ || rows <= BMicro::kF32Rows;
-      // s [rows][cols] = Q K^T, then P = exp2(S * scale * log2(e) - lse2), 0 where masked
+      // The products on tiles in two runs, the vector passes between them: each return to the tiles
+      // after vector work costs a fixed ramp of the tile unit (about 0.3 us here: BENCHMARKS.md).
+      // s [rows][cols] = Q K^T; dp [rows][cols] = dO V^T
       BMicro::gemm(rows, cols, z.dkx, q.qa, x_lo(q.qa, z.bmp, z.dkx), z.dkx, s_.ktb, 2 * z.bnp, s_.s, z.bnp, false,
                    nullptr);
-      // with P^T's split for dV in the same pass where the tile takes its products on tiles
+      if (need_ds_)
+        BMicro::gemm(rows, cols, z.dvkx, q.doa, x_lo(q.doa, z.bmp, z.dvkx), z.dvkx, s_.vtb, 2 * z.bnp, s_.dp, z.bnp,
+                     false, nullptr);
+      // P = exp2(S * scale * log2(e) - lse2), 0 where masked, with P^T's split for dV in the same pass
+      // where the tile takes its products on tiles
       if (job_.need_dv && !f32_products_)
         probs_split_t(rows, cols, job_.lse2 + row0);
       else
         F::probs(s_.s, z.bnp, rows, cols, log2_scale(p_), job_.lse2 + row0, mask);
+      if (need_ds_) { // dS = P (dP - delta) * scale, with dS's split for dQ likewise, and dS^T's for dK
+        if (job_.need_dq && !f32_products_)
+          dscores_split(rows, cols, job_.delta + row0);
+        else
+          F::dscores(s_.s, s_.dp, z.bnp, rows, cols, job_.delta + row0, p_.scale, mask);
+        if (job_.need_dk && !f32_products_)
+          Pack::split_f32_t(s_.dp, z.bnp, rows, cols, s_.dsta, s_.dsta_lo, z.bmkx, z.bmk, z.bnp, again_of(z.bmk));
+      }
       // dv [cols][Dv] += P^T dO
       if (job_.need_dv) {
         if (f32_products_) {
@@ -530,22 +544,12 @@ struct MathBf16 {
                        nullptr);
         }
       }
-      if (!need_ds_) return;
-      // dp [rows][cols] = dO V^T, then dS = P (dP - delta) * scale
-      BMicro::gemm(rows, cols, z.dvkx, q.doa, x_lo(q.doa, z.bmp, z.dvkx), z.dvkx, s_.vtb, 2 * z.bnp, s_.dp, z.bnp,
-                   false, nullptr);
-      // with dS's split for dQ in the same pass likewise
-      if (job_.need_dq && !f32_products_)
-        dscores_split(rows, cols, job_.delta + row0);
-      else
-        F::dscores(s_.s, s_.dp, z.bnp, rows, cols, job_.delta + row0, p_.scale, mask);
       // dk [cols][D] += dS^T Q
       if (job_.need_dk) {
         if (f32_products_) {
           F::load_rows(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, s_.qf, z.dn);
           product_f32(cols, p_.head_dim, rows, s_.dp, 1, z.bnp, s_.qf, z.dn, s_.dk, z.dn, false);
         } else {
-          Pack::split_f32_t(s_.dp, z.bnp, rows, cols, s_.dsta, s_.dsta_lo, z.bmkx, z.bmk, z.bnp, again_of(z.bmk));
           BMicro::gemm(cols, p_.head_dim, rk, s_.dsta, p_lo(s_.dsta_lo), z.bmkx, q.qb, 2 * z.dn, s_.dk, z.dn, true,
                        nullptr);
         }
