@@ -136,6 +136,16 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
   }
   for (int64_t jb = jmin; jb <= jmax; ++jb) {
     const int64_t j0 = jb * t.bn, cols = min64(p.seqlen_k, j0 + t.bn) - j0;
+    // The next key block is brought into cache while this one's tiles run: each query block that sees
+    // this one fetches a share of it (Math::Forward::upcoming, where the tile math has it).
+    if constexpr (requires { f[0].upcoming(b, hk, j0, jb, jb); }) {
+      if (jb < jmax) {
+        int64_t seen = 0, share = 0;
+        for (int64_t g = 0; g < blocks; ++g) seen += jb >= jfirst[g] && jb <= jlast[g];
+        for (int64_t g = 0; g < blocks; ++g)
+          if (jb >= jfirst[g] && jb <= jlast[g]) f[g].upcoming(b, hk, j0 + t.bn, share++, seen);
+      }
+    }
     for (int64_t g = 0; g < blocks; ++g) {
       if (jb < jfirst[g] || jb > jlast[g]) continue;
       const int64_t i1 = min64(p.seqlen_q, i0[g] + t.bm);

@@ -143,6 +143,24 @@ struct MathBf16 {
 
   // --- Forward -------------------------------------------------------------------------------------
 
+  // Cache lines to fetch a few at a time during the vector passes (Forward::upcoming,
+  // Backward::upcoming): the lines
+  // [next, end) of a packed region of `packed_lines` lines followed by `rows` rows of `row_lines`
+  // lines, `ld` bytes apart.
+  struct Prefetch {
+    const char *packed = nullptr, *rows_at = nullptr;
+    int64_t packed_lines = 0, row_lines = 1, ld = 0, next = 0, end = 0;
+    void step(int64_t lines) {
+      for (const int64_t stop = min64(end, next + lines); next < stop; ++next) {
+        const int64_t r = next - packed_lines;
+        __builtin_prefetch(r < 0 ? packed + next * 64 : rows_at + r / row_lines * ld + r % row_lines * 64, 0, 2);
+      }
+    }
+    // The lines left, `parts` steps to go.
+    int64_t quota(int64_t parts) const { return (end - next + parts - 1) / parts; }
+  };
+
+
   // K^T and V are packed once per call when each key block serves many query blocks. Where it serves
   // few (decoding: one block of the G rows of a kv head's query heads), that packed copy of the whole
   // cache (as large as K and V) would be written and read once more for a product or two: decoding
@@ -243,6 +261,19 @@ struct MathBf16 {
                    z.dvn, !first, first || !rescaled_ ? nullptr : s_.alpha);
     }
 
+    // Share `share` of `shares` of the packed K^T and V of a key block that comes next (attention.h),
+    // fetched into the cache during this worker's next softmax; nothing where each work item packs its
+    // key blocks (packs_per_tile). The first query block of an item to use a key block otherwise waits
+    // on memory for it.
+    void upcoming(int64_t b, int64_t hk, int64_t j0, int64_t share, int64_t shares) {
+      if (s_.kv) return;
+      const Dims& z = s_.z;
+      prefetch_.packed = reinterpret_cast<const char*>(kv_block(job_, z, b, hk, j0 / job_.tiles.bn));
+      prefetch_.packed_lines = z.kv_block() * static_cast<int64_t>(sizeof(bf16)) / 64;
+      prefetch_.next = share * prefetch_.packed_lines / shares;
+      prefetch_.end = (share + 1) * prefetch_.packed_lines / shares;
+    }
+
     // The query blocks of a work item share one kv head: K and V packed per tile (packs_per_tile) are
     // packed once per key block, into `owner`'s scratch, and read there by every block of the item.
     void share_converted(Forward& owner) { kv_owner_ = &owner; }
@@ -267,15 +298,28 @@ struct MathBf16 {
     void softmax_rows(int64_t cols, const Mask* mask) {
       rescaled_ = false;
       int64_t r = 0;
+      const int64_t lines = prefetch_.quota(rows_); // per row, from upcoming()
       if (!mask && cols == s_.z.bnk) {
         if (cols == 128)
-          for (; r + 4 <= rows_; r += 4) softmax_whole<8, 4>(r);
+          for (; r + 4 <= rows_; r += 4) {
+            prefetch_.step(4 * lines);
+            softmax_whole<8, 4>(r);
+          }
         else if (cols == 64)
-          for (; r + 4 <= rows_; r += 4) softmax_whole<4, 4>(r);
+          for (; r + 4 <= rows_; r += 4) {
+            prefetch_.step(4 * lines);
+            softmax_whole<4, 4>(r);
+          }
         else if (cols == 256)
-          for (; r + 2 <= rows_; r += 2) softmax_whole<16, 2>(r);
+          for (; r + 2 <= rows_; r += 2) {
+            prefetch_.step(2 * lines);
+            softmax_whole<16, 2>(r);
+          }
       }
-      for (; r < rows_; ++r) softmax_row(r, cols, mask);
+      for (; r < rows_; ++r) {
+        prefetch_.step(lines);
+        softmax_row(r, cols, mask);
+      }
     }
 
     // The reference of a row whose raw scores reach `raw_max` (log2 units after scaling by scale2).
@@ -382,6 +426,7 @@ struct MathBf16 {
     ForwardScratch s_;
     int64_t rows_ = 0;
     bool rescaled_ = false; // the last softmax_rows moved some row's reference (alpha != 1)
+    Prefetch prefetch_;
     Forward* kv_owner_ = this; // whose kv holds the packed key block (share_converted)
     int64_t kv_j0_ = -1;       // the first key of the block packed into this one's kv
   };
@@ -457,22 +502,6 @@ struct MathBf16 {
     }
   };
   static size_t backward_scratch_bytes(const core::Problem& p, Tiles t) { return carved_bytes<BackwardScratch>(p, t); }
-
-  // Cache lines to fetch a few at a time during the vector passes (Backward::upcoming): the lines
-  // [next, end) of a packed region of `packed_lines` lines followed by `rows` rows of `row_lines`
-  // lines, `ld` bytes apart.
-  struct Prefetch {
-    const char *packed = nullptr, *rows_at = nullptr;
-    int64_t packed_lines = 0, row_lines = 1, ld = 0, next = 0, end = 0;
-    void step(int64_t lines) {
-      for (const int64_t stop = min64(end, next + lines); next < stop; ++next) {
-        const int64_t r = next - packed_lines;
-        __builtin_prefetch(r < 0 ? packed + next * 64 : rows_at + r / row_lines * ld + r % row_lines * 64, 0, 2);
-      }
-    }
-    // The lines left, `parts` steps to go.
-    int64_t quota(int64_t parts) const { return (end - next + parts - 1) / parts; }
-  };
 
   class Backward {
    public:
