@@ -213,12 +213,13 @@ void f32_microkernel(benchmark::State& state, int head_dim) {
 
 // The library's AMX microkernel alone, on L1-resident blocks of the forward's shapes at D = 128
 // (64 x 128 x 128: S = Q K^T with A one bf16; P V with A = P as hi + lo), one per thread, next to the
-// TDPBF16PS ceiling of the same moment.
-void amx_microkernel(benchmark::State& state, bool hi_lo) {
+// TDPBF16PS ceiling of the same moment; after_vector: S's shape, each product right after about 1 us of
+// AVX-512 work (the tile unit's ramp, as after attention's softmax).
+void amx_microkernel(benchmark::State& state, bool hi_lo, bool after_vector) {
   if (!library_runs_amx()) return skip(state, "the library does not run AMX here");
   double flops = 0;
   const double ceiling = amx_ceiling_flops(threads(), 0.3);
-  for (auto _ : state) flops = amx_microkernel_flops(threads(), 1.0, 64, 128, 128, hi_lo);
+  for (auto _ : state) flops = amx_microkernel_flops(threads(), 1.0, 64, 128, 128, hi_lo, after_vector);
   state.counters["kernel_flops"] = flops;
   state.counters["adjacent_amx_ceiling_flops"] = ceiling;
   state.counters["threads"] = threads();
@@ -251,8 +252,9 @@ int register_all() {
   configure(benchmark::RegisterBenchmark("kernel/f32_64x64x64", f32_microkernel, 64));
   configure(benchmark::RegisterBenchmark("ceiling/bf16_dot", bf16_ceiling, false));
   configure(benchmark::RegisterBenchmark("ceiling/bf16_amx", bf16_ceiling, true));
-  configure(benchmark::RegisterBenchmark("kernel/bf16_amx_64x128x128", amx_microkernel, false));
-  configure(benchmark::RegisterBenchmark("kernel/bf16_amx_64x128x128_hilo", amx_microkernel, true));
+  configure(benchmark::RegisterBenchmark("kernel/bf16_amx_64x128x128", amx_microkernel, false, false));
+  configure(benchmark::RegisterBenchmark("kernel/bf16_amx_64x128x128_hilo", amx_microkernel, true, false));
+  configure(benchmark::RegisterBenchmark("kernel/bf16_amx_64x128x128_after_vector", amx_microkernel, false, true));
   for (const Case& c : kCases) {
     configure(benchmark::RegisterBenchmark((std::string("flashback/forward/") + c.name).c_str(), flashback_forward, c));
     configure(benchmark::RegisterBenchmark((std::string("flashback/backward/") + c.name).c_str(), flashback_backward, c));

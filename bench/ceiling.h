@@ -17,5 +17,6 @@ double f32_microkernel_flops(int threads, double seconds, int m, int n, int k);
 
 // The library's AMX microkernel (cpu/amx/amx_micro.h) on m x n x k blocks in L1, one per thread,
 // with A as one bf16 (hi_lo false: the products of S and dP) or as hi + lo (true: those of P and dS);
-// FLOP counted per TDPBF16PS, so hi + lo counts twice. 0 where the library does not run AMX.
-double amx_microkernel_flops(int threads, double seconds, int m, int n, int k, bool hi_lo);
+// FLOP counted per TDPBF16PS, so hi + lo counts twice; after_vector: each product right after a
+// stretch of AVX-512 work, only the products timed. 0 where the library does not run AMX.
+double amx_microkernel_flops(int threads, double seconds, int m, int n, int k, bool hi_lo, bool after_vector = false);

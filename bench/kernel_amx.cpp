@@ -1,8 +1,12 @@
 // The library's AMX microkernel (cpu/amx/amx_micro.h over the real tile instructions) on blocks that
 // stay in L1, every thread on its own: what the bf16 products reach without the rest of attention, to
-// set against the register-only TDPBF16PS ceiling of the same run. Compiled with the amx level's
+// set against the register-only TDPBF16PS ceiling of the same run. With after_vector, each product
+// follows a stretch of AVX-512 work (about 1 us of FMAs on a buffer of its own, as the softmax between
+// attention's products) and only the products are timed (TSC): what the tile unit's ramp after vector
+// work costs them. Compiled with the amx level's
 // library flags; called only when the library runs AMX (it has asked Linux for the tile state).
 #include <omp.h>
+#include <x86intrin.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -13,10 +17,11 @@
 #include "cpu/avx512/pack_bf16.h"
 #include "cpu/avx512/v512.h"
 
-double amx_microkernel_probe(int threads, long iters, int m, int n, int k, bool hi_lo) {
+double amx_microkernel_probe(int threads, long iters, int m, int n, int k, bool hi_lo, bool after_vector) {
   using namespace flashback::cpu;
   using Micro = AmxMicro<RealTiles, V512, PackBf16>;
   const double t0 = omp_get_wtime();
+  double share = 0; // the threads' mean seconds in the products
 #pragma omp parallel num_threads(threads)
   {
     // C [m][n] f32 += (A + A_lo) B: A [m][k] bf16 (lda k), B in VNNI pairs [k/2][2n], 64-byte aligned
@@ -35,10 +40,26 @@ double amx_microkernel_probe(int threads, long iters, int m, int n, int k, bool 
     auto* pa = reinterpret_cast<const bf16*>(a.data());
     auto* pl = hi_lo ? reinterpret_cast<const bf16*>(lo.data()) : nullptr;
     auto* pb = reinterpret_cast<const bf16*>(b.data());
+    std::vector<FLine> work(after_vector ? 512 : 0);
+    const unsigned long long tsc0 = __rdtsc();
+    unsigned long long in_products = 0;
     Micro::begin();
     // S and dP start from zero; the products with P and dS accumulate onto C (O, dV, dK, dQ)
-    for (long i = 0; i < iters; ++i) Micro::gemm(m, n, k, pa, pl, k, pb, 2 * n, c[0].x, n, hi_lo && i > 0, nullptr);
+    for (long i = 0; i < iters; ++i) {
+      if (after_vector)
+        for (FLine& l : work) { // 6 dependent FMAs per vector, 512 vectors
+          __m512 x = _mm512_load_ps(l.x);
+          for (int j = 0; j < 6; ++j) x = _mm512_fmadd_ps(x, _mm512_set1_ps(0.5f), _mm512_set1_ps(0.25f));
+          _mm512_store_ps(l.x, x);
+        }
+      const unsigned long long t = __rdtsc();
+      Micro::gemm(m, n, k, pa, pl, k, pb, 2 * n, c[0].x, n, hi_lo && i > 0, nullptr);
+      in_products += __rdtsc() - t;
+    }
     Micro::end();
+    const double seconds = omp_get_wtime() - t0;
+#pragma omp atomic
+    share += static_cast<double>(in_products) / static_cast<double>(__rdtsc() - tsc0) * seconds / threads;
   }
-  return 2.0 * m * n * k * (hi_lo ? 2 : 1) * static_cast<double>(iters) * threads / (omp_get_wtime() - t0);
+  return 2.0 * m * n * k * (hi_lo ? 2 : 1) * static_cast<double>(iters) * threads / share;
 }
