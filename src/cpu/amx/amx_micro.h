@@ -226,8 +226,8 @@ struct AmxMicro {
 
   // C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) B; A, A_lo bf16 [>= round_up(m, 16)][kk] (lda),
   // B VNNI [kk/2][ldb] with >= round_up(n, 16) columns, kk a multiple of 32.
-  // Blocks of 32 x 32 of C in four tiles (0-3), A in tiles 4-5, B in tiles 6-7; a whole block runs
-  // full_block, an edge block (the last row or column of blocks, when m or n is not a multiple of 32)
+  // Blocks of 32 x 32 of C in four tiles (0-3), A in tiles 4-5, B in tiles 6-7; the whole blocks run
+  // full_blocks, an edge block (the last row or column of blocks, when m or n is not a multiple of 32)
   // the general code below, its partial tiles through 16 x 16 buffers so that nothing outside [m][n]
   // is read or written. Between begin() and end() of the calling thread.
   static void gemm(int64_t m, int64_t n, int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda, const bf16* b,
