@@ -213,8 +213,8 @@ void f32_microkernel(benchmark::State& state, int head_dim) {
 
 // The library's AMX microkernel alone, on L1-resident blocks of the forward's shapes at D = 128
 // (64 x 128 x 128: S = Q K^T with A one bf16; P V with A = P as hi + lo), one per thread, next to the
-// TDPBF16PS ceiling of the same moment; after_vector: S's shape, each product right after about 1 us of
-// AVX-512 work (the tile unit's ramp, as after attention's softmax).
+// TDPBF16PS ceiling of the same moment; after_vector: S's shape, each product right after a stretch of
+// AVX-512 work (the tile unit's ramp, as after attention's softmax; kernel_amx.cpp).
 void amx_microkernel(benchmark::State& state, bool hi_lo, bool after_vector) {
   if (!library_runs_amx()) return skip(state, "the library does not run AMX here");
   double flops = 0;

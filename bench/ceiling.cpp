@@ -60,8 +60,8 @@ double f32_microkernel_flops(int threads, double seconds, int m, int n, int k) {
 double amx_microkernel_flops(int threads, double seconds, int m, int n, int k, bool hi_lo, bool after_vector) {
 #if defined(FLASHBACK_BENCH_KERNEL)
   if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("amx-tile")) return 0;
-  return calibrated([&](long iters) { return amx_microkernel_probe(threads, iters, m, n, k, hi_lo, after_vector); }, seconds,
-                    2.0 * m * n * k * (hi_lo ? 2 : 1) * threads);
+  auto probe = [&](long iters) { return amx_microkernel_probe(threads, iters, m, n, k, hi_lo, after_vector); };
+  return calibrated(probe, seconds, 2.0 * m * n * k * (hi_lo ? 2 : 1) * threads);
 #else
   (void)threads, (void)seconds, (void)m, (void)n, (void)k, (void)hi_lo, (void)after_vector;
   return 0;

@@ -1,10 +1,10 @@
 // The library's AMX microkernel (cpu/amx/amx_micro.h over the real tile instructions) on blocks that
 // stay in L1, every thread on its own: what the bf16 products reach without the rest of attention, to
 // set against the register-only TDPBF16PS ceiling of the same run. With after_vector, each product
-// follows a stretch of AVX-512 work (about 1 us of FMAs on a buffer of its own, as the softmax between
+// follows a stretch of AVX-512 work (3,072 FMAs on a buffer of its own, as the softmax between
 // attention's products) and only the products are timed (TSC): what the tile unit's ramp after vector
-// work costs them. Compiled with the amx level's
-// library flags; called only when the library runs AMX (it has asked Linux for the tile state).
+// work costs them. Compiled with the amx level's library flags; called only when the library runs AMX
+// (it has asked Linux for the tile state).
 #include <omp.h>
 #include <x86intrin.h>
 

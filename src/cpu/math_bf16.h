@@ -144,9 +144,8 @@ struct MathBf16 {
   // --- Forward -------------------------------------------------------------------------------------
 
   // Cache lines to fetch a few at a time during the vector passes (Forward::upcoming,
-  // Backward::upcoming): the lines
-  // [next, end) of a packed region of `packed_lines` lines followed by `rows` rows of `row_lines`
-  // lines, `ld` bytes apart.
+  // Backward::upcoming): the lines [next, end) of a packed region of `packed_lines` lines, followed
+  // (backward) by rows of `row_lines` lines, `ld` bytes apart, from rows_at.
   struct Prefetch {
     const char *packed = nullptr, *rows_at = nullptr;
     int64_t packed_lines = 0, row_lines = 1, ld = 0, next = 0, end = 0;
@@ -170,7 +169,6 @@ struct MathBf16 {
       end = fits ? (share + 1) * total / shares : 0;
     }
   };
-
 
   // K^T and V are packed once per call when each key block serves many query blocks. Where it serves
   // few (decoding: one block of the G rows of a kv head's query heads), that packed copy of the whole
@@ -310,25 +308,23 @@ struct MathBf16 {
       int64_t r = 0;
       const int64_t lines = prefetch_.quota(rows_); // per row, from upcoming()
       if (!mask && cols == s_.z.bnk) {
-        if (cols == 128)
-          for (; r + 4 <= rows_; r += 4) {
-            prefetch_.step(4 * lines);
-            softmax_whole<8, 4>(r);
-          }
-        else if (cols == 64)
-          for (; r + 4 <= rows_; r += 4) {
-            prefetch_.step(4 * lines);
-            softmax_whole<4, 4>(r);
-          }
-        else if (cols == 256)
-          for (; r + 2 <= rows_; r += 2) {
-            prefetch_.step(2 * lines);
-            softmax_whole<16, 2>(r);
-          }
+        if (cols == 128) softmax_wholes<8, 4>(r, lines);
+        else if (cols == 64) softmax_wholes<4, 4>(r, lines);
+        else if (cols == 256) softmax_wholes<16, 2>(r, lines);
       }
       for (; r < rows_; ++r) {
         prefetch_.step(lines);
         softmax_row(r, cols, mask);
+      }
+    }
+
+    // softmax_whole on the rows from r, R at a time while R are left (r then the first row left), each
+    // group with its `lines` per row of the prefetch.
+    template <int NV, int R>
+    void softmax_wholes(int64_t& r, int64_t lines) {
+      for (; r + R <= rows_; r += R) {
+        prefetch_.step(R * lines);
+        softmax_whole<NV, R>(r);
       }
     }
 

@@ -136,6 +136,13 @@ struct AmxMicro {
       for (int r = 0; r < blk.rows; ++r) std::memcpy(c + r * ldc, blk.ptr + r * 16, blk.cols * sizeof(float));
   }
 
+  // C tile t from memory (acc), or zero.
+  template <int t>
+  static void init_c(const float* c, int64_t stride, bool acc) {
+    if (acc) TileOps::template load<t>(c, stride);
+    else TileOps::template zero<t>();
+  }
+
   // The whole 32 x 32 blocks of C (four tiles each, in place) of the first mf rows and nf columns
   // (multiples of 32), rows of blocks outer, straight-line. The tiles are not renamed: a load into a
   // tile waits for the instructions that read it. So each k step's loads are issued right after the
@@ -146,12 +153,6 @@ struct AmxMicro {
   // loads overlap the last products rather than follow them. Measured on the Xeon with AMX, operands
   // in L1, against the register-only TDPBF16PS rate: C loaded, k = 64 / 128 / 256: 0.35 / 0.52 / 0.67
   // of it block by block, 0.51 / 0.67 / 0.79 pipelined; C zeroed, k = 128: 0.77 and 0.81.
-  // C tile t from memory (acc), or zero.
-  template <int t>
-  static void init_c(const float* c, int64_t stride, bool acc) {
-    if (acc) TileOps::template load<t>(c, stride);
-    else TileOps::template zero<t>();
-  }
   template <bool kLo>
   static void full_blocks(int64_t mf, int64_t nf, int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda,
                           const bf16* b, int64_t ldb, float* c, int64_t ldc, bool acc) {
