@@ -321,7 +321,9 @@ TEST_F(Api, DefaultThreadCount) {
 // Decoding against a long cache prepares its keys and values per tile, in each thread's scratch: the
 // forward's workspace holds no copy of the cache (math_f32.h, math_bf16.h: few_query_blocks), for
 // every dtype. A bf16 copy of K and V packed for the bf16 products once was the whole cache again, written
-// and read once more per decoding step (and allocated, when the library owns the workspace).
+// and read once more per decoding step (and allocated, when the library owns the workspace). The
+// bound, half the cache, leaves room for the per-thread scratch (27% here with the bf16 tile math's
+// padded rows) and none for a copy.
 TEST_F(Api, DecodingWorkspaceHoldsNoCopyOfTheCache) {
   for (const fb_dtype dtype : {FB_F32, FB_BF16, FB_F16}) {
     Case c;
@@ -335,7 +337,7 @@ TEST_F(Api, DecodingWorkspaceHoldsNoCopyOfTheCache) {
     ASSERT_EQ(fb_forward_workspace_size(&q, &k, &v, &o, &lse, &p, &bytes), FB_SUCCESS) << fb_last_error();
     const size_t cache = static_cast<size_t>(2 * c.shape.heads_kv * c.shape.seqlen_k * c.shape.head_dim) *
                          (dtype == FB_F32 ? 4 : 2);
-    EXPECT_LT(bytes, cache / 4) << c.describe() << ": " << bytes << " bytes of workspace for " << cache
+    EXPECT_LT(bytes, cache / 2) << c.describe() << ": " << bytes << " bytes of workspace for " << cache
                                 << " bytes of K and V";
   }
 }

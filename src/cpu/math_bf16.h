@@ -41,7 +41,8 @@
 //   backward: per query block, Q and dO as A and as B operands: qa [BMp][Dkx] (f16: and its lo),
 //             qb [BMkx/2][2 Dn], doa [BMp][Dvkx] (f16: and its lo), dob [BMkx/2][2 Dvn]
 // (Dk = D rounded up to kK, Dn = D rounded up to 16, likewise for Dv, BM, BN; the x forms are the k
-// extents of the concatenated operands: Dkx = 2 Dk, BNkx = 3 BNk for f16, Dk and BNk for bf16.)
+// extents of the concatenated operands: Dkx = 2 Dk, BNkx = 3 BNk for f16, Dk and BNk for bf16. Every
+// row here and in the scratch below is one cache line longer than shown: Dims, kPad.)
 #pragma once
 
 #include "cpu/attention.h"
@@ -78,43 +79,57 @@ struct MathBf16 {
   static void thread_begin() { BMicro::begin(); }
   static void thread_end() { BMicro::end(); }
 
-  // Padded sizes: k dims to kK, m and n dims to 16; the x forms: k extents of concatenated operands.
+  // Row strides of the packed operands and of the f32 blocks: their rows plus one cache line
+  // (kPad bf16, kPadF floats), so that the 16 rows of a tile, a stride apart, fall in different sets
+  // of L1 rather than the few that a stride of a power of two times 256 bytes maps them to. Measured
+  // on the Xeon with AMX: the microkernel (one thread) on S's shape (64 x 256 x 128) 0.78x the time,
+  // on P V's (64 x 128 x 256, hi + lo) 0.93x; bf16 attention (B = 1, Hq = 16, S = 4096, side by side)
+  // 0.94x forward and backward at D = 128, 0.92x and 0.96x at D = 64 (BENCHMARKS.md).
+  static constexpr int64_t kPad = 32, kPadF = 16;
+  static int64_t a_ld(int64_t k) { return k + kPad; }
+
+  // Padded sizes: k dims to kK, m and n dims to 16; the x forms: k extents of concatenated operands;
+  // the _ld forms: row strides (above).
   struct Dims {
     int64_t dk, dn, dvk, dvn, bmp, bmk, bnp, bnk, dkx, dvkx, bmkx, bnkx;
+    int64_t kt_ld, dn_ld, dv_ld, pa_ld, pt_ld, s_ld, o_ld, dk_ld;
     Dims(const core::Problem& p, Tiles t)
         : dk(round_up(p.head_dim, kK)), dn(round_up(p.head_dim, 16)), dvk(round_up(p.head_dim_v, kK)),
           dvn(round_up(p.head_dim_v, 16)), bmp(round_up(t.bm, 16)), bmk(round_up(t.bm, kK)),
           bnp(round_up(t.bn, 16)), bnk(round_up(t.bn, kK)), dkx(kXSegs * dk), dvkx(kXSegs * dvk),
-          bmkx(kPSegs * bmk), bnkx(kPSegs * bnk) {}
+          bmkx(kPSegs * bmk), bnkx(kPSegs * bnk), kt_ld(2 * bnp + kPad), dn_ld(2 * dn + kPad),
+          dv_ld(2 * dvn + kPad), pa_ld(a_ld(bnkx)), pt_ld(a_ld(bmkx)), s_ld(bnp + kPadF), o_ld(dvn + kPadF),
+          dk_ld(dn + kPadF) {}
+    // B operands (VNNI pairs of rows): K^T, V^T [k/2][kt_ld]; Q, K [k/2][dn_ld]; V, dO [k/2][dv_ld].
+    // A operands: Q, dO [BMp][a_ld(kx)]; P, dS [BMp][pa_ld]; P^T, dS^T [BNp][pt_ld]. f32: S, P, dP, dS
+    // [BMp][s_ld]; O, dV [][o_ld]; dK [][dk_ld].
     // bf16 elements of one key block's packed K^T (V follows it), of K^T and V, of one query block's
     // packed Q and dO.
-    int64_t kt_block() const { return round_up(dkx / 2 * 2 * bnp, 32); }
-    int64_t kv_block() const { return kt_block() + round_up(bnkx / 2 * 2 * dvn, 32); }
-    int64_t q_block() const {
-      return x_block(dkx) + round_up(bmkx / 2 * 2 * dn, 32) + x_block(dvkx) + round_up(bmkx / 2 * 2 * dvn, 32);
-    }
-    // A query block as the A side of S or dP (pack_x_a): hi [BMp][kx], and for f16 its lo.
-    int64_t x_block(int64_t kx) const { return round_up(bmp * kx, 32) * kXSegs; }
+    int64_t kt_block() const { return dkx / 2 * kt_ld; }
+    int64_t kv_block() const { return kt_block() + bnkx / 2 * dv_ld; }
+    int64_t q_block() const { return x_block(dkx) + bmkx / 2 * dn_ld + x_block(dvkx) + bmkx / 2 * dv_ld; }
+    // A query block as the A side of S or dP (pack_x_a): hi [BMp][a_ld(kx)], and for f16 its lo.
+    int64_t x_block(int64_t kx) const { return bmp * a_ld(kx) * kXSegs; }
   };
 
   // --- Operands ------------------------------------------------------------------------------------
 
-  // X [rows][cols] as the A side of S = Q K^T or dP = dO V^T, k = kx = kXSegs * k1: hi [rows_pad][kx]
-  // at dst, and for f16 lo likewise at x_lo(dst) (above: [Xh | Xh] and [Xl | Xl]).
+  // X [rows][cols] as the A side of S = Q K^T or dP = dO V^T, k = kx = kXSegs * k1: hi
+  // [rows_pad][a_ld(kx)] at dst, and for f16 lo likewise at x_lo(dst) (above: [Xh | Xh] and [Xl | Xl]).
   template <class B>
   static B* x_lo(B* hi, int64_t rows_pad, int64_t kx) {
-    return kExact ? hi + round_up(rows_pad * kx, 32) : nullptr;
+    return kExact ? hi + rows_pad * a_ld(kx) : nullptr;
   }
   static void pack_x_a(const T* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t k1,
                        int64_t rows_pad) {
-    const int64_t kx = kXSegs * k1;
-    Pack::rows(src, lds, rows, cols, dst, kx, k1, rows_pad);
+    const int64_t kx = kXSegs * k1, ld = a_ld(kx);
+    Pack::rows(src, lds, rows, cols, dst, ld, k1, rows_pad);
     if (!kExact) return;
     bf16* lo = x_lo(dst, rows_pad, kx);
-    Pack::rows(src, lds, rows, cols, lo, kx, k1, rows_pad, true);
+    Pack::rows(src, lds, rows, cols, lo, ld, k1, rows_pad, true);
     for (int64_t r = 0; r < rows_pad; ++r) { // the second segment: a copy of the first
-      std::memcpy(dst + r * kx + k1, dst + r * kx, static_cast<size_t>(k1) * sizeof(bf16));
-      std::memcpy(lo + r * kx + k1, lo + r * kx, static_cast<size_t>(k1) * sizeof(bf16));
+      std::memcpy(dst + r * ld + k1, dst + r * ld, static_cast<size_t>(k1) * sizeof(bf16));
+      std::memcpy(lo + r * ld + k1, lo + r * ld, static_cast<size_t>(k1) * sizeof(bf16));
     }
   }
   // Y [rows][cols] as the B side of S or dP (Y^T, k = cols): [Yh ; Yl] for f16, k = kXSegs * k1.
@@ -194,8 +209,8 @@ struct MathBf16 {
   static void pack_kv(const core::Problem& p, const Dims& z, int64_t b, int64_t hk, int64_t j0, int64_t rows,
                       bf16* ktb) {
     bf16* vb = ktb + z.kt_block();
-    pack_y_bt(row_ptr<const T>(p.k, b, hk, j0), p.k.ss, rows, p.head_dim, ktb, 2 * z.bnp, z.dk, z.bnp);
-    pack_y_b(row_ptr<const T>(p.v, b, hk, j0), p.v.ss, rows, p.head_dim_v, vb, 2 * z.dvn, z.bnk, z.dvn);
+    pack_y_bt(row_ptr<const T>(p.k, b, hk, j0), p.k.ss, rows, p.head_dim, ktb, z.kt_ld, z.dk, z.bnp);
+    pack_y_b(row_ptr<const T>(p.v, b, hk, j0), p.v.ss, rows, p.head_dim_v, vb, z.dv_ld, z.bnk, z.dvn);
   }
   // Packs key block `item` = (b, hk, jb) into the shared workspace.
   static void forward_prepare(const ForwardJob& job, int64_t item) {
@@ -216,10 +231,10 @@ struct MathBf16 {
     ForwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) : z(p, t) {
       Carver c{base};
       qa = c.take<bf16>(z.x_block(z.dkx));
-      pa = c.take<bf16>(z.bmp * z.bnkx);
-      pa_lo = kExact ? past(pa, z.bnk) : c.take<bf16>(z.bmp * z.bnk);
-      s = c.floats(z.bmp * z.bnp);
-      oacc = c.floats(z.bmp * z.dvn);
+      pa = c.take<bf16>(z.bmp * z.pa_ld);
+      pa_lo = kExact ? past(pa, z.bnk) : c.take<bf16>(z.bmp * z.pa_ld);
+      s = c.floats(z.bmp * z.s_ld);
+      oacc = c.floats(z.bmp * z.o_ld);
       m = c.floats(z.bmp);
       l = c.floats(z.bmp);
       alpha = c.floats(z.bmp);
@@ -256,18 +271,18 @@ struct MathBf16 {
       }
       const bf16* vb = ktb + z.kt_block();
       // s [rows][cols] = Q K^T (unscaled)
-      BMicro::gemm(rows_, cols, z.dkx, s_.qa, x_lo(s_.qa, z.bmp, z.dkx), z.dkx, ktb, 2 * z.bnp, s_.s, z.bnp, false,
+      BMicro::gemm(rows_, cols, z.dkx, s_.qa, x_lo(s_.qa, z.bmp, z.dkx), a_ld(z.dkx), ktb, z.kt_ld, s_.s, z.s_ld, false,
                    nullptr);
       softmax_rows(cols, mask);
       // oacc [rows][Dv] = alpha oacc + P V; under a mask in f32, each row over the keys it sees
       if (mask) {
         F::load_rows(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, cols, p_.head_dim_v, s_.vf, z.dvn);
-        F::gemm_banded(rows_, p_.head_dim_v, cols, s_.s, z.bnp, 1, s_.vf, z.dvn, s_.oacc, z.dvn, !first,
+        F::gemm_banded(rows_, p_.head_dim_v, cols, s_.s, z.s_ld, 1, s_.vf, z.dvn, s_.oacc, z.o_ld, !first,
                        first || !rescaled_ ? nullptr : s_.alpha, mask->lo, mask->hi);
         return;
       }
-      BMicro::gemm(rows_, p_.head_dim_v, p_k(cols, z.bnk), s_.pa, p_lo(s_.pa_lo), z.bnkx, vb, 2 * z.dvn, s_.oacc,
-                   z.dvn, !first, first || !rescaled_ ? nullptr : s_.alpha);
+      BMicro::gemm(rows_, p_.head_dim_v, p_k(cols, z.bnk), s_.pa, p_lo(s_.pa_lo), z.pa_ld, vb, z.dv_ld, s_.oacc,
+                   z.o_ld, !first, first || !rescaled_ ? nullptr : s_.alpha);
     }
 
     // Share `share` of `shares` of the packed K^T and V of a key block that comes next (attention.h),
@@ -291,7 +306,7 @@ struct MathBf16 {
     void finish(U* o, int64_t ldo, float* lse, int64_t rows) {
       for (int64_t r = 0; r < rows; ++r) {
         const float inv = s_.l[r] != 0.0f ? 1.0f / s_.l[r] : 0.0f; // l = 0: no key, O = 0
-        F::store_row(s_.oacc + r * s_.z.dvn, p_.head_dim_v, inv, o + r * ldo);
+        F::store_row(s_.oacc + r * s_.z.o_ld, p_.head_dim_v, inv, o + r * ldo);
         lse[r] = lse_of(s_.m[r], s_.l[r]);
       }
     }
@@ -362,7 +377,7 @@ struct MathBf16 {
       typename V::reg x[R][NV], t[R][NV];
       float m_new[R];
       for (int q = 0; q < R; ++q) {
-        for (int i = 0; i < NV; ++i) t[q][i] = x[q][i] = V::loadu(s_.s + (r + q) * z.bnp + 16 * i);
+        for (int i = 0; i < NV; ++i) t[q][i] = x[q][i] = V::loadu(s_.s + (r + q) * z.s_ld + 16 * i);
         for (int w = NV / 2; w >= 1; w /= 2)
           for (int i = 0; i < w; ++i) t[q][i] = V::max(t[q][i], t[q][i + w]);
         m_new[q] = new_max(r + q, V::reduce_max(t[q][0]), scale2);
@@ -374,9 +389,9 @@ struct MathBf16 {
       for (int q = 0; q < R; ++q) {
         for (int w = NV / 2; w >= 1; w /= 2)
           for (int i = 0; i < w; ++i) t[q][i] = V::add(t[q][i], t[q][i + w]);
-        bf16* hi = s_.pa + (r + q) * z.bnkx;
+        bf16* hi = s_.pa + (r + q) * z.pa_ld;
         for (int i = 0; i < NV; i += 2)
-          Pack::split32(x[q][i], x[q][i + 1], hi + 16 * i, s_.pa_lo + (r + q) * z.bnkx + 16 * i, 32, again_of(z.bnk));
+          Pack::split32(x[q][i], x[q][i + 1], hi + 16 * i, s_.pa_lo + (r + q) * z.pa_ld + 16 * i, 32, again_of(z.bnk));
         end_row(r + q, m_new[q], V::reduce_add(t[q][0]));
       }
     }
@@ -386,7 +401,7 @@ struct MathBf16 {
       const Dims& z = s_.z;
       const float scale2 = log2_scale(p_);
       const typename V::reg mul = V::set1(scale2), neg_inf = V::set1(-kInf);
-      const float* srow = s_.s + r * z.bnp;
+      const float* srow = s_.s + r * z.s_ld;
       // The row's S from c0, -inf in lanes c0 + i >= cols and, under a mask, in those it hides.
       const int32_t lo = mask ? mask->lo : INT32_MIN;
       const int32_t hi = static_cast<int32_t>(mask ? min64(mask->hi, cols - 1 - r) : cols - 1 - r);
@@ -415,13 +430,13 @@ struct MathBf16 {
         for (int64_t c0 = 0; c0 < z.bnk; c0 += 32) {
           const typename V::reg p0 = prob(c0), p1 = prob(c0 + 16);
           sum = V::add(sum, V::add(p0, p1));
-          Pack::split32(p0, p1, s_.pa + r * z.bnkx + c0, s_.pa_lo + r * z.bnkx + c0, z.bnk - c0, again_of(z.bnk));
+          Pack::split32(p0, p1, s_.pa + r * z.pa_ld + c0, s_.pa_lo + r * z.pa_ld + c0, z.bnk - c0, again_of(z.bnk));
         }
       } else { // P in f32, over s
         for (int64_t c0 = 0; c0 < z.bnp; c0 += 16) {
           const typename V::reg pr = prob(c0);
           sum = V::add(sum, pr);
-          V::store(s_.s + r * z.bnp + c0, pr, static_cast<int>(min64(16, z.bnp - c0)));
+          V::store(s_.s + r * z.s_ld + c0, pr, static_cast<int>(min64(16, z.bnp - c0)));
         }
       }
       end_row(r, m_new, V::reduce_add(sum));
@@ -454,7 +469,7 @@ struct MathBf16 {
     QBlock q;
     q.qa = base;
     q.qb = q.qa + z.x_block(z.dkx);
-    q.doa = q.qb + round_up(z.bmkx / 2 * 2 * z.dn, 32);
+    q.doa = q.qb + z.bmkx / 2 * z.dn_ld;
     q.dob = q.doa + z.x_block(z.dvkx);
     return q;
   }
@@ -471,8 +486,8 @@ struct MathBf16 {
     pack_x_a(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qa), z.dk, z.bmp);
     pack_x_a(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.doa), z.dvk, z.bmp);
     if (r.rows <= BMicro::kF32Rows) return;
-    pack_y_b(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qb), 2 * z.dn, z.bmk, z.dn);
-    pack_y_b(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.dob), 2 * z.dvn, z.bmk, z.dvn);
+    pack_y_b(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qb), z.dn_ld, z.bmk, z.dn);
+    pack_y_b(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.dob), z.dv_ld, z.bmk, z.dvn);
   }
 
   // Per-thread scratch of the backward:
@@ -488,19 +503,19 @@ struct MathBf16 {
     float *s, *dp, *dk, *dv, *kf, *qf, *dof;
     BackwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) : z(p, t) {
       Carver c{base};
-      ktb = c.take<bf16>(z.dkx * z.bnp);
-      vtb = c.take<bf16>(z.dvkx * z.bnp);
-      kb = c.take<bf16>(z.bnkx * z.dn);
-      pta = c.take<bf16>(z.bnp * z.bmkx);
-      dsta = c.take<bf16>(z.bnp * z.bmkx);
-      dsa = c.take<bf16>(z.bmp * z.bnkx);
-      pta_lo = kExact ? past(pta, z.bmk) : c.take<bf16>(z.bnp * z.bmk);
-      dsta_lo = kExact ? past(dsta, z.bmk) : c.take<bf16>(z.bnp * z.bmk);
-      dsa_lo = kExact ? past(dsa, z.bnk) : c.take<bf16>(z.bmp * z.bnk);
-      s = c.floats(z.bmp * z.bnp);
-      dp = c.floats(z.bmp * z.bnp);
-      dk = c.floats(z.bnp * z.dn);
-      dv = c.floats(z.bnp * z.dvn);
+      ktb = c.take<bf16>(z.dkx / 2 * z.kt_ld);
+      vtb = c.take<bf16>(z.dvkx / 2 * z.kt_ld);
+      kb = c.take<bf16>(z.bnkx / 2 * z.dn_ld);
+      pta = c.take<bf16>(z.bnp * z.pt_ld);
+      dsta = c.take<bf16>(z.bnp * z.pt_ld);
+      dsa = c.take<bf16>(z.bmp * z.pa_ld);
+      pta_lo = kExact ? past(pta, z.bmk) : c.take<bf16>(z.bnp * z.pt_ld);
+      dsta_lo = kExact ? past(dsta, z.bmk) : c.take<bf16>(z.bnp * z.pt_ld);
+      dsa_lo = kExact ? past(dsa, z.bnk) : c.take<bf16>(z.bmp * z.pa_ld);
+      s = c.floats(z.bmp * z.s_ld);
+      dp = c.floats(z.bmp * z.s_ld);
+      dk = c.floats(z.bnp * z.dk_ld);
+      dv = c.floats(z.bnp * z.o_ld);
       kf = c.floats(t.bn * z.dn);
       qf = c.floats(t.bm * z.dn);
       dof = c.floats(t.bm * z.dvn);
@@ -521,11 +536,11 @@ struct MathBf16 {
       k_ = k;
       kf_ready_ = false;
       need_ds_ = job_.need_dk || job_.need_dq;
-      pack_y_bt(k, p_.k.ss, cols, p_.head_dim, s_.ktb, 2 * z.bnp, z.dk, z.bnp);
-      if (need_ds_) pack_y_bt(v, p_.v.ss, cols, p_.head_dim_v, s_.vtb, 2 * z.bnp, z.dvk, z.bnp);
-      if (job_.need_dq) pack_y_b(k, p_.k.ss, cols, p_.head_dim, s_.kb, 2 * z.dn, z.bnk, z.dn);
-      if (job_.need_dk) fill(s_.dk, cols * z.dn, 0.0f);
-      if (job_.need_dv) fill(s_.dv, cols * z.dvn, 0.0f);
+      pack_y_bt(k, p_.k.ss, cols, p_.head_dim, s_.ktb, z.kt_ld, z.dk, z.bnp);
+      if (need_ds_) pack_y_bt(v, p_.v.ss, cols, p_.head_dim_v, s_.vtb, z.kt_ld, z.dvk, z.bnp);
+      if (job_.need_dq) pack_y_b(k, p_.k.ss, cols, p_.head_dim, s_.kb, z.dn_ld, z.bnk, z.dn);
+      if (job_.need_dk) fill(s_.dk, cols * z.dk_ld, 0.0f);
+      if (job_.need_dv) fill(s_.dv, cols * z.o_ld, 0.0f);
     }
 
     // C += A B in f32 for a tile whose products are in f32 (f32_products_), under its mask
@@ -550,32 +565,32 @@ struct MathBf16 {
       // The products on tiles in two runs, the vector passes between them: each return to the tiles
       // after vector work costs a fixed ramp of the tile unit (about 0.3 us here: BENCHMARKS.md).
       // s [rows][cols] = Q K^T; dp [rows][cols] = dO V^T
-      BMicro::gemm(rows, cols, z.dkx, q.qa, x_lo(q.qa, z.bmp, z.dkx), z.dkx, s_.ktb, 2 * z.bnp, s_.s, z.bnp, false,
+      BMicro::gemm(rows, cols, z.dkx, q.qa, x_lo(q.qa, z.bmp, z.dkx), a_ld(z.dkx), s_.ktb, z.kt_ld, s_.s, z.s_ld, false,
                    nullptr);
       if (need_ds_)
-        BMicro::gemm(rows, cols, z.dvkx, q.doa, x_lo(q.doa, z.bmp, z.dvkx), z.dvkx, s_.vtb, 2 * z.bnp, s_.dp, z.bnp,
+        BMicro::gemm(rows, cols, z.dvkx, q.doa, x_lo(q.doa, z.bmp, z.dvkx), a_ld(z.dvkx), s_.vtb, z.kt_ld, s_.dp, z.s_ld,
                      false, nullptr);
       // P = exp2(S * scale * log2(e) - lse2), 0 where masked, with P^T's split for dV in the same pass
       // where the tile takes its products on tiles
       if (job_.need_dv && !f32_products_)
         probs_split_t(rows, cols, job_.lse2 + row0);
       else
-        F::probs(s_.s, z.bnp, rows, cols, log2_scale(p_), job_.lse2 + row0, mask);
+        F::probs(s_.s, z.s_ld, rows, cols, log2_scale(p_), job_.lse2 + row0, mask);
       if (need_ds_) { // dS = P (dP - delta) * scale, with dS's split for dQ likewise, and dS^T's for dK
         if (job_.need_dq && !f32_products_)
           dscores_split(rows, cols, job_.delta + row0);
         else
-          F::dscores(s_.s, s_.dp, z.bnp, rows, cols, job_.delta + row0, p_.scale, mask);
+          F::dscores(s_.s, s_.dp, z.s_ld, rows, cols, job_.delta + row0, p_.scale, mask);
         if (job_.need_dk && !f32_products_)
-          Pack::split_f32_t(s_.dp, z.bnp, rows, cols, s_.dsta, s_.dsta_lo, z.bmkx, z.bmk, z.bnp, again_of(z.bmk));
+          Pack::split_f32_t(s_.dp, z.s_ld, rows, cols, s_.dsta, s_.dsta_lo, z.pt_ld, z.bmk, z.bnp, again_of(z.bmk));
       }
       // dv [cols][Dv] += P^T dO
       if (job_.need_dv) {
         if (f32_products_) {
           F::load_rows(row_ptr<const T>(p_.dout, b, h, i0), p_.dout.ss, rows, p_.head_dim_v, s_.dof, z.dvn);
-          product_f32(cols, p_.head_dim_v, rows, s_.s, 1, z.bnp, s_.dof, z.dvn, s_.dv, z.dvn, false);
+          product_f32(cols, p_.head_dim_v, rows, s_.s, 1, z.s_ld, s_.dof, z.dvn, s_.dv, z.o_ld, false);
         } else { // P^T split by probs_split_t
-          BMicro::gemm(cols, p_.head_dim_v, rk, s_.pta, p_lo(s_.pta_lo), z.bmkx, q.dob, 2 * z.dvn, s_.dv, z.dvn, true,
+          BMicro::gemm(cols, p_.head_dim_v, rk, s_.pta, p_lo(s_.pta_lo), z.pt_ld, q.dob, z.dv_ld, s_.dv, z.o_ld, true,
                        nullptr);
         }
       }
@@ -583,9 +598,9 @@ struct MathBf16 {
       if (job_.need_dk) {
         if (f32_products_) {
           F::load_rows(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, s_.qf, z.dn);
-          product_f32(cols, p_.head_dim, rows, s_.dp, 1, z.bnp, s_.qf, z.dn, s_.dk, z.dn, false);
+          product_f32(cols, p_.head_dim, rows, s_.dp, 1, z.s_ld, s_.qf, z.dn, s_.dk, z.dk_ld, false);
         } else {
-          BMicro::gemm(cols, p_.head_dim, rk, s_.dsta, p_lo(s_.dsta_lo), z.bmkx, q.qb, 2 * z.dn, s_.dk, z.dn, true,
+          BMicro::gemm(cols, p_.head_dim, rk, s_.dsta, p_lo(s_.dsta_lo), z.pt_ld, q.qb, z.dn_ld, s_.dk, z.dk_ld, true,
                        nullptr);
         }
       }
@@ -624,7 +639,7 @@ struct MathBf16 {
           prefetch_.step(lines);
           typename V::reg block[16];
           for (int i = 0; i < 16; ++i) {
-            float* row = s_.s + (r0 + i) * z.bnp + c0;
+            float* row = s_.s + (r0 + i) * z.s_ld + c0;
             block[i] = V::zero();
             if (r0 + i >= rows || n <= 0) continue;
             typename V::reg pr = F::prob(V::load(row, n), mul, V::set1(lse2[r0 + i]));
@@ -634,7 +649,7 @@ struct MathBf16 {
           }
           V::transpose(block);
           for (int j = 0; j < 16; ++j)
-            Pack::split(block[j], s_.pta + (c0 + j) * z.bmkx + r0, s_.pta_lo + (c0 + j) * z.bmkx + r0, z.bmk - r0,
+            Pack::split(block[j], s_.pta + (c0 + j) * z.pt_ld + r0, s_.pta_lo + (c0 + j) * z.pt_ld + r0, z.bmk - r0,
                         again_of(z.bmk));
         }
       }
@@ -649,8 +664,8 @@ struct MathBf16 {
       for (int64_t r = 0; r < z.bmp; ++r) {
         prefetch_.step(lines);
         const typename V::reg dl = V::set1(r < rows ? delta[r] : 0.0f);
-        float* dp = s_.dp + r * z.bnp;
-        const float* pr = s_.s + r * z.bnp;
+        float* dp = s_.dp + r * z.s_ld;
+        const float* pr = s_.s + r * z.s_ld;
         auto ds = [&](int64_t c0) {
           if (r >= rows || c0 >= cols) return V::zero();
           const int n = static_cast<int>(min64(16, cols - c0));
@@ -660,7 +675,7 @@ struct MathBf16 {
         };
         for (int64_t c0 = 0; c0 < z.bnk; c0 += 32) {
           const typename V::reg d0 = ds(c0), d1 = ds(c0 + 16);
-          Pack::split32(d0, d1, s_.dsa + r * z.bnkx + c0, s_.dsa_lo + r * z.bnkx + c0, z.bnk - c0, again_of(z.bnk));
+          Pack::split32(d0, d1, s_.dsa + r * z.pa_ld + c0, s_.dsa_lo + r * z.pa_ld + c0, z.bnk - c0, again_of(z.bnk));
         }
       }
     }
@@ -671,10 +686,10 @@ struct MathBf16 {
       if (f32_products_) {
         if (!kf_ready_) F::load_rows(k_, p_.k.ss, cols_, p_.head_dim, s_.kf, z.dn);
         kf_ready_ = true;
-        product_f32(rows_, p_.head_dim, cols_, s_.dp, z.bnp, 1, s_.kf, z.dn, dq, ld, true);
+        product_f32(rows_, p_.head_dim, cols_, s_.dp, z.s_ld, 1, s_.kf, z.dn, dq, ld, true);
         return;
       }
-      BMicro::gemm(rows_, p_.head_dim, p_k(cols_, z.bnk), s_.dsa, p_lo(s_.dsa_lo), z.bnkx, s_.kb, 2 * z.dn, dq, ld,
+      BMicro::gemm(rows_, p_.head_dim, p_k(cols_, z.bnk), s_.dsa, p_lo(s_.dsa_lo), z.pa_ld, s_.kb, z.dn_ld, dq, ld,
                    true, nullptr);
     }
 
@@ -682,8 +697,8 @@ struct MathBf16 {
     template <class U>
     void finish(U* dk, int64_t lddk, U* dv, int64_t lddv, int64_t cols) {
       for (int64_t c = 0; c < cols; ++c) {
-        if (dk) F::store_row(s_.dk + c * s_.z.dn, p_.head_dim, 1.0f, dk + c * lddk);
-        if (dv) F::store_row(s_.dv + c * s_.z.dvn, p_.head_dim_v, 1.0f, dv + c * lddv);
+        if (dk) F::store_row(s_.dk + c * s_.z.dk_ld, p_.head_dim, 1.0f, dk + c * lddk);
+        if (dv) F::store_row(s_.dv + c * s_.z.o_ld, p_.head_dim_v, 1.0f, dv + c * lddv);
       }
     }
 
