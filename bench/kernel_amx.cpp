@@ -24,19 +24,22 @@ double amx_microkernel_probe(int threads, long iters, int m, int n, int k, bool 
   double share = 0; // the threads' mean seconds in the products
 #pragma omp parallel num_threads(threads)
   {
-    // C [m][n] f32 += (A + A_lo) B: A [m][k] bf16 (lda k), B in VNNI pairs [k/2][2n], 64-byte aligned
-    // as the library's packed operands are; 1.0 and 2^-9 in bf16, so nothing grows without bound.
+    // C [m][n] f32 += (A + A_lo) B: A [m][k] bf16, B in VNNI pairs [k/2][2n], 64-byte aligned and each
+    // row one cache line longer (lda = k + 32, ldb = 2n + 32, ldc = n + 16), as the library's packed
+    // operands and f32 blocks are (math_bf16.h: kPad, kPadF); 1.0 and 2^-9 in bf16, so nothing grows
+    // without bound.
+    const int64_t lda = k + 32, ldb = 2 * n + 32, ldc = n + 16;
     struct alignas(64) Line {
       uint16_t x[32];
     };
-    std::vector<Line> a(static_cast<size_t>(m) * k / 32 + 1), lo(a.size()), b(static_cast<size_t>(k) * n / 32 + 1);
+    std::vector<Line> a(static_cast<size_t>(m * lda / 32 + 1)), lo(a.size()), b(static_cast<size_t>(k / 2 * ldb / 32 + 1));
     for (Line& l : a) std::fill(l.x, l.x + 32, uint16_t{0x3f80});
     for (Line& l : lo) std::fill(l.x, l.x + 32, uint16_t{0x3b00});
     for (Line& l : b) std::fill(l.x, l.x + 32, uint16_t{0x3f80});
     struct alignas(64) FLine {
       float x[16];
     };
-    std::vector<FLine> c(static_cast<size_t>(m) * n / 16 + 1);
+    std::vector<FLine> c(static_cast<size_t>(m * ldc / 16 + 1));
     auto* pa = reinterpret_cast<const bf16*>(a.data());
     auto* pl = hi_lo ? reinterpret_cast<const bf16*>(lo.data()) : nullptr;
     auto* pb = reinterpret_cast<const bf16*>(b.data());
@@ -53,7 +56,7 @@ double amx_microkernel_probe(int threads, long iters, int m, int n, int k, bool 
           _mm512_store_ps(l.x, x);
         }
       const unsigned long long t = __rdtsc();
-      Micro::gemm(m, n, k, pa, pl, k, pb, 2 * n, c[0].x, n, hi_lo && i > 0, nullptr);
+      Micro::gemm(m, n, k, pa, pl, lda, pb, ldb, c[0].x, ldc, hi_lo && i > 0, nullptr);
       in_products += __rdtsc() - t;
     }
     Micro::end();
