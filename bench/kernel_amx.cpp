@@ -32,7 +32,8 @@ double amx_microkernel_probe(int threads, long iters, int m, int n, int k, bool 
     struct alignas(64) Line {
       uint16_t x[32];
     };
-    std::vector<Line> a(static_cast<size_t>(m * lda / 32 + 1)), lo(a.size()), b(static_cast<size_t>(k / 2 * ldb / 32 + 1));
+    std::vector<Line> a(static_cast<size_t>(m * lda / 32 + 1)), lo(a.size());
+    std::vector<Line> b(static_cast<size_t>(k / 2 * ldb / 32 + 1));
     for (Line& l : a) std::fill(l.x, l.x + 32, uint16_t{0x3f80});
     for (Line& l : lo) std::fill(l.x, l.x + 32, uint16_t{0x3b00});
     for (Line& l : b) std::fill(l.x, l.x + 32, uint16_t{0x3f80});

@@ -568,8 +568,8 @@ struct MathBf16 {
       BMicro::gemm(rows, cols, z.dkx, q.qa, x_lo(q.qa, z.bmp, z.dkx), a_ld(z.dkx), s_.ktb, z.kt_ld, s_.s, z.s_ld, false,
                    nullptr);
       if (need_ds_)
-        BMicro::gemm(rows, cols, z.dvkx, q.doa, x_lo(q.doa, z.bmp, z.dvkx), a_ld(z.dvkx), s_.vtb, z.kt_ld, s_.dp, z.s_ld,
-                     false, nullptr);
+        BMicro::gemm(rows, cols, z.dvkx, q.doa, x_lo(q.doa, z.bmp, z.dvkx), a_ld(z.dvkx), s_.vtb, z.kt_ld, s_.dp,
+                     z.s_ld, false, nullptr);
       // P = exp2(S * scale * log2(e) - lse2), 0 where masked, with P^T's split for dV in the same pass
       // where the tile takes its products on tiles
       if (job_.need_dv && !f32_products_)
