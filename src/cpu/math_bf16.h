@@ -83,8 +83,9 @@ struct MathBf16 {
   // (kPad bf16, kPadF floats), so that the 16 rows of a tile, a stride apart, fall in different sets
   // of L1 rather than the few that a stride of a power of two times 256 bytes maps them to. Measured
   // on the Xeon with AMX: the microkernel (one thread) on S's shape (64 x 256 x 128) 0.78x the time,
-  // on P V's (64 x 128 x 256, hi + lo) 0.93x; bf16 attention (B = 1, Hq = 16, S = 4096, side by side)
-  // 0.94x forward and backward at D = 128, 0.92x and 0.96x at D = 64 (BENCHMARKS.md).
+  // on P V's (64 x 128 x 256, hi + lo) 0.93x; bf16 attention (B = 1, Hq = 16, S = 4096, side by side,
+  // sets of rounds at moments of different speed) forward 0.94 - 0.95x at D = 128 and 0.92 - 0.95x at
+  // D = 64, backward 0.94 - 1.04x and 0.95 - 0.96x (BENCHMARKS.md).
   static constexpr int64_t kPad = 32, kPadF = 16;
   static int64_t a_ld(int64_t k) { return k + kPad; }
 
