@@ -16,19 +16,20 @@
 #include "cpu/amx/real_tiles.h"
 #include "cpu/avx512/pack_bf16.h"
 #include "cpu/avx512/v512.h"
+#include "cpu/math_bf16.h"
 
 double amx_microkernel_probe(int threads, long iters, int m, int n, int k, bool hi_lo, bool after_vector) {
   using namespace flashback::cpu;
   using Micro = AmxMicro<RealTiles, V512, PackBf16>;
+  using Math = MathBf16<Micro>; // the row padding of its packed operands and f32 blocks
   const double t0 = omp_get_wtime();
   double share = 0; // the threads' mean seconds in the products
 #pragma omp parallel num_threads(threads)
   {
     // C [m][n] f32 += (A + A_lo) B: A [m][k] bf16, B in VNNI pairs [k/2][2n], 64-byte aligned and each
-    // row one cache line longer (lda = k + 32, ldb = 2n + 32, ldc = n + 16), as the library's packed
-    // operands and f32 blocks are (math_bf16.h: kPad, kPadF); 1.0 and 2^-9 in bf16, so nothing grows
-    // without bound.
-    const int64_t lda = k + 32, ldb = 2 * n + 32, ldc = n + 16;
+    // row one cache line longer, as the library's packed operands and f32 blocks are (math_bf16.h:
+    // kPad, kPadF); 1.0 and 2^-9 in bf16, so nothing grows without bound.
+    const int64_t lda = Math::a_ld(k), ldb = 2 * n + Math::kPad, ldc = n + Math::kPadF;
     struct alignas(64) Line {
       uint16_t x[32];
     };
