@@ -144,7 +144,7 @@ struct AmxMicro {
   }
 
   // The whole 32 x 32 blocks of C (four tiles each, in place) of the first mf rows and nf columns
-  // (multiples of 32), rows of blocks outer, straight-line. The tiles are not renamed: a load into a
+  // (multiples of 32), in rows or columns of blocks (below), straight-line. The tiles are not renamed: a load into a
   // tile waits for the instructions that read it. So each k step's loads are issued right after the
   // last product that reads the tile they overwrite, while the other products run (1.02 - 1.07x the
   // rate of loading at the top of each step), and the blocks are pipelined: in a block's last k step
@@ -162,8 +162,13 @@ struct AmxMicro {
       const bf16 *a, *a_lo, *b;
       float* c;
     };
+    // Blocks in rows of blocks, or in columns of blocks where B's panel is the larger operand (the
+    // forward's S = Q K^T: 64 query rows, 128 or 256 keys): then each B tile is loaded from L2 once
+    // per pair of block rows rather than once per block row.
+    const int64_t rows = mf / 32;
+    const bool by_cols = nf > mf * (kLo ? 2 : 1);
     auto at = [&](int64_t i) {
-      const int64_t r0 = i / cols * 32, c0 = i % cols * 32;
+      const int64_t r0 = (by_cols ? i % rows : i / cols) * 32, c0 = (by_cols ? i / rows : i % cols) * 32;
       return At{a + r0 * lda, kLo ? a_lo + r0 * lda : nullptr, b + 2 * c0, c + r0 * ldc + c0};
     };
     At x = at(0);
