@@ -97,11 +97,17 @@ struct DotBf16Micro {
       return pick_tile<mr + 1>(want_mr, want_nv, tail, lo);
     }
   }
-  // C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) B; A, A_lo bf16 [m][kk] (lda), B VNNI [kk/2][ldb]
-  // with >= round_up(n, 16) columns, kk a multiple of kK; only C[m][n] is read or written. Tiled as
-  // MicroF32 tiles f32 (MicroF32::for_each_tile).
+  // C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) (B + B_lo); A, A_lo bf16 [m][kk] (lda), B, B_lo
+  // VNNI [kk/2][ldb] with >= round_up(n, 16) columns, kk a multiple of kK; a_lo and b_lo may be null,
+  // not both given; only C[m][n] is read or written. Tiled as MicroF32 tiles f32
+  // (MicroF32::for_each_tile); B_lo in a second pass over C.
   static void gemm(int64_t m, int64_t n, int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda, const bf16* b,
-                   int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale) {
+                   int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale, const bf16* b_lo = nullptr) {
+    if (b_lo) {
+      gemm(m, n, kk, a, a_lo, lda, b, ldb, c, ldc, acc, row_scale);
+      gemm(m, n, kk, a, a_lo, lda, b_lo, ldb, c, ldc, true, nullptr);
+      return;
+    }
     F::for_each_tile(m, n, [&](int64_t r0, int64_t mr, int64_t c0, int nv, bool tail, K last) {
       pick_tile(static_cast<int>(mr), nv, tail, a_lo != nullptr)(
           kk, a + r0 * lda, a_lo ? a_lo + r0 * lda : nullptr, lda, b + 2 * c0, ldb, c + r0 * ldc + c0, ldc, acc,

@@ -14,9 +14,14 @@
 //   S = Q K^T, dP = dO V^T: A = [Xh | Xh] with A_lo = [Xl | Xl], B = [Yh ; Yl] (k = 2 Dk): all four
 //     products, so that S and dP are exact up to their f32 accumulation, as with bf16 inputs (rounding
 //     f16 to one bf16 fails the accuracy bar 4x to 190x: tests/f16_route);
-//   O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K: A = [Ph | Pl | Ph], B = [Yh ; Yh ; Yl] (k = 3 BNk
-//     or 3 BMk): three products; the fourth, Pl Yl (|Pl Yl| <= 2^-15 |P| |Y|), is left out: the size
-//     of P's own split error.
+//   O += P V, dQ += dS K: A = [Ph | Pl | Ph], B = [Yh ; Yh ; Yl] (k = 3 BNk): three products; the
+//     fourth, Pl Yl (|Pl Yl| <= 2^-15 |P| |Y|), is left out: the size of P's own split error;
+//   dV^T += dO^T P, dK^T += Q^T dS: the same three with the sides swapped, A = [Yh^T | Yh^T | Yl^T],
+//     B = [Ph ; Pl ; Ph] (k = 3 BMk; for bf16 inputs A = Y^T, B = Ph with B_lo = Pl).
+// The backward takes dV and dK transposed so that P and dS enter as B operands, whose VNNI form pairs
+// two rows word by word (Pack::split_pairs), rather than as the A operands P^T and dS^T, which took a
+// 16 x 16 transpose per block of P and of dS; the transposed sums are added to dV and dK once per key
+// block (Backward::finish).
 // That is 2.3x the bf16 products of the forward (7 k-blocks of products for 3) and 2.1x of the backward
 // (17 for 8): on AMX still faster than f16 converted to f32 (README, BENCHMARKS.md).
 //
@@ -38,10 +43,12 @@
 //   forward:  per key block, K^T and V as B operands: ktb [Dkx/2][2 BNp], vb [BNkx/2][2 Dvn]; but
 //             per tile, into the work item's scratch, where each key block serves few query blocks
 //             (few_query_blocks: decoding, short chunks against a long cache)
-//   backward: per query block, Q and dO as A and as B operands: qa [BMp][Dkx] (f16: and its lo),
-//             qb [BMkx/2][2 Dn], doa [BMp][Dvkx] (f16: and its lo), dob [BMkx/2][2 Dvn]
+//   backward: per query block, Q and dO as A operands and their transposes as A operands of dK^T =
+//             Q^T dS and dV^T = dO^T P: qa [BMp][Dkx] (f16: and its lo), qat [Dn][BMt], doa [BMp][Dvkx]
+//             (f16: and its lo), doat [Dvn][BMt]
 // (Dk = D rounded up to kK, Dn = D rounded up to 16, likewise for Dv, BM, BN; the x forms are the k
-// extents of the concatenated operands: Dkx = 2 Dk, BNkx = 3 BNk for f16, Dk and BNk for bf16. Every
+// extents of the concatenated operands: Dkx = 2 Dk, BNkx = 3 BNk for f16, Dk and BNk for bf16; BMt =
+// 3 BMk for f16, BMk for bf16. Every
 // row here and in the scratch below is one cache line longer than shown: Dims, kPad.)
 #pragma once
 
@@ -64,6 +71,10 @@ struct MathBf16 {
   // with an input.
   static constexpr bool kExact = is_f16<T>;
   static constexpr int64_t kXSegs = kExact ? 2 : 1, kPSegs = kExact ? 3 : 1;
+  // The backward's dV^T = dO^T P and dK^T = Q^T dS take P and dS as the B side: for bf16 inputs B =
+  // Ph with B_lo = Pl (the microkernels' b_lo) and A = Y^T; for f16 the segments stacked along k, B =
+  // [Ph ; Pl ; Ph] with A = [Yh^T | Yh^T | Yl^T]. kTSegs: k segments; kTParts: B's stored segments.
+  static constexpr int64_t kTSegs = kExact ? 3 : 1, kTParts = kExact ? 3 : 2;
   using V = typename BMicro::V;       // 16-lane f32 vectors (V512, or its emulation)
   using Pack = typename BMicro::Pack; // the operand packing (avx512/pack_bf16.h, or its emulation)
   using F = MicroF32<V>;              // f32 helpers: probs, dscores, dot
@@ -92,23 +103,24 @@ struct MathBf16 {
   // Padded sizes: k dims to kK, m and n dims to 16; the x forms: k extents of concatenated operands;
   // the _ld forms: row strides (above).
   struct Dims {
-    int64_t dk, dn, dvk, dvn, bmp, bmk, bnp, bnk, dkx, dvkx, bmkx, bnkx;
-    int64_t kt_ld, dn_ld, dv_ld, pa_ld, pt_ld, s_ld, o_ld, dk_ld;
+    int64_t dk, dn, dvk, dvn, bmp, bmk, bnp, bnk, dkx, dvkx, bnkx, bmt;
+    int64_t kt_ld, dn_ld, dv_ld, pa_ld, t_ld, s_ld, o_ld, dk_ld;
     Dims(const core::Problem& p, Tiles t)
         : dk(round_up(p.head_dim, kK)), dn(round_up(p.head_dim, 16)), dvk(round_up(p.head_dim_v, kK)),
           dvn(round_up(p.head_dim_v, 16)), bmp(round_up(t.bm, 16)), bmk(round_up(t.bm, kK)),
           bnp(round_up(t.bn, 16)), bnk(round_up(t.bn, kK)), dkx(kXSegs * dk), dvkx(kXSegs * dvk),
-          bmkx(kPSegs * bmk), bnkx(kPSegs * bnk), kt_ld(2 * bnp + kPad), dn_ld(2 * dn + kPad),
-          dv_ld(2 * dvn + kPad), pa_ld(a_ld(bnkx)), pt_ld(a_ld(bmkx)), s_ld(bnp + kPadF), o_ld(dvn + kPadF),
-          dk_ld(dn + kPadF) {}
-    // B operands (VNNI pairs of rows): K^T, V^T [k/2][kt_ld]; Q, K [k/2][dn_ld]; V, dO [k/2][dv_ld].
-    // A operands: Q, dO [BMp][a_ld(kx)]; P, dS [BMp][pa_ld]; P^T, dS^T [BNp][pt_ld]. f32: S, P, dP, dS
-    // [BMp][s_ld]; O, dV [][o_ld]; dK [][dk_ld].
+          bnkx(kPSegs * bnk), bmt(kTSegs * bmk), kt_ld(2 * bnp + kPad), dn_ld(2 * dn + kPad), dv_ld(2 * dvn + kPad),
+          pa_ld(a_ld(bnkx)),
+          t_ld(a_ld(bmt)), s_ld(bnp + kPadF), o_ld(dvn + kPadF), dk_ld(dn + kPadF) {}
+    // B operands (VNNI pairs of rows): K^T, V^T, and the backward's P, dS [k/2][kt_ld]; K [k/2][dn_ld];
+    // V [k/2][dv_ld]. A operands: Q, dO [BMp][a_ld(kx)]; P, dS [BMp][pa_ld]; Q^T,
+    // dO^T [Dn or Dvn][t_ld]. f32: S, P, dP, dS [BMp][s_ld], dV^T, dK^T [Dvn or Dn][s_ld]; O, dV
+    // [][o_ld]; dK [][dk_ld].
     // bf16 elements of one key block's packed K^T (V follows it), of K^T and V, of one query block's
-    // packed Q and dO.
+    // packed Q, Q^T, dO and dO^T.
     int64_t kt_block() const { return dkx / 2 * kt_ld; }
     int64_t kv_block() const { return kt_block() + bnkx / 2 * dv_ld; }
-    int64_t q_block() const { return x_block(dkx) + bmkx / 2 * dn_ld + x_block(dvkx) + bmkx / 2 * dv_ld; }
+    int64_t q_block() const { return x_block(dkx) + dn * t_ld + x_block(dvkx) + dvn * t_ld; }
     // A query block as the A side of S or dP (pack_x_a): hi [BMp][a_ld(kx)], and for f16 its lo.
     int64_t x_block(int64_t kx) const { return bmp * a_ld(kx) * kXSegs; }
   };
@@ -147,6 +159,17 @@ struct MathBf16 {
     if (!kExact) return;
     std::memcpy(dst + k1 / 2 * ldb, dst, static_cast<size_t>(k1 / 2 * ldb) * sizeof(bf16));
     Pack::vnni(src, lds, rows, cols, dst + k1 * ldb, ldb, k1, n_pad, true);
+  }
+  // Y [rows][cols] as the A side of a product with P or dS as B (k = rows, kTSegs segments of k1):
+  // Y^T [cols_pad][a_ld(kTSegs k1)], for f16 [Yh^T | Yh^T | Yl^T].
+  static void pack_yt_a(const T* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t k1,
+                        int64_t cols_pad) {
+    const int64_t ld = a_ld(kTSegs * k1);
+    Pack::rows_t(src, lds, rows, cols, dst, ld, k1, cols_pad);
+    if (!kExact) return;
+    Pack::rows_t(src, lds, rows, cols, dst + 2 * k1, ld, k1, cols_pad, true);
+    for (int64_t r = 0; r < cols_pad; ++r) // the second segment: a copy of the first
+      std::memcpy(dst + r * ld + k1, dst + r * ld, static_cast<size_t>(k1) * sizeof(bf16));
   }
   // P or dS as the A side of its products: hi at hi, lo at lo, rows ld = kPSegs * k1 apart, and for
   // f16 hi again at hi + again_of(k1) ([Ph | Pl | Ph]: lo = hi + k1). The k of the product: for bf16,
@@ -463,20 +486,20 @@ struct MathBf16 {
     return job.p->batch * job.p->heads_q * job.q_blocks;
   }
   struct QBlock {
-    const bf16 *qa, *qb, *doa, *dob;
+    const bf16 *qa, *qat, *doa, *doat;
   };
   static QBlock q_block(const BackwardJob& job, const Dims& z, int64_t bh, int64_t ib) {
     const bf16* base = reinterpret_cast<const bf16*>(job.shared) + (bh * job.q_blocks + ib) * z.q_block();
     QBlock q;
     q.qa = base;
-    q.qb = q.qa + z.x_block(z.dkx);
-    q.doa = q.qb + z.bmkx / 2 * z.dn_ld;
-    q.dob = q.doa + z.x_block(z.dvkx);
+    q.qat = q.qa + z.x_block(z.dkx);
+    q.doa = q.qat + z.dn * z.t_ld;
+    q.doat = q.doa + z.x_block(z.dvkx);
     return q;
   }
-  // Packs query block `item` = (b, h, ib): Q and dO as A operands (k = d) and as B operands (k = row);
-  // a block of at most BMicro::kF32Rows rows takes its products with Q and dO as B operands in f32
-  // (Backward::add), so those it does not pack.
+  // Packs query block `item` = (b, h, ib): Q and dO as A operands (k = d), and their transposes as A
+  // operands (k = row) for dK^T and dV^T; a block of at most BMicro::kF32Rows rows takes those
+  // products in f32 (Backward::add), so it does not pack the transposes.
   static void backward_prepare(const BackwardJob& job, int64_t item) {
     const core::Problem& p = *job.p;
     const Dims z(p, job.tiles);
@@ -487,36 +510,39 @@ struct MathBf16 {
     pack_x_a(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qa), z.dk, z.bmp);
     pack_x_a(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.doa), z.dvk, z.bmp);
     if (r.rows <= BMicro::kF32Rows) return;
-    pack_y_b(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qb), z.dn_ld, z.bmk, z.dn);
-    pack_y_b(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.dob), z.dv_ld, z.bmk, z.dvn);
+    pack_yt_a(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qat), z.bmk, z.dn);
+    pack_yt_a(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.doat), z.bmk, z.dvn);
   }
 
   // Per-thread scratch of the backward:
   //   ktb [Dkx/2][2 BNp], vtb [Dvkx/2][2 BNp], kb [BNkx/2][2 Dn]  the key block as B operands
   //   s, dp [BMp][BNp] f32                                         S then P; dP then dS
-  //   pta [BNp][BMkx], dsta [BNp][BMkx], dsa [BMp][BNkx] bf16     P^T, dS^T, dS as A operands (hi), and
-  //   pta_lo, dsta_lo, dsa_lo: for bf16 [BNp][BMk] etc.            (lo; for f16 at pta + BMk etc.)
-  //   dk [BNp][Dn], dv [BNp][Dvn] f32                           the key block's accumulators
-  //   kf [BN][Dn], qf [BM][Dn], dof [BM][Dvn] f32                K, Q, dO of tiles with f32 products
+  //   pb, dsb [kTParts BMk/2][2 BNp] bf16                          P, dS as B operands (hi, lo, f16: hi)
+  //   dsa [BMp][BNkx], and for bf16 dsa_lo [BMp][BNk] bf16         dS as A operand (hi; lo, for f16 at
+  //                                                                dsa + BNk)
+  //   dk [BNp][Dn], dv [BNp][Dvn] f32                              the key block's accumulators of the
+  //   dkt [Dn][BNp], dvt [Dvn][BNp] f32                            f32 products and, transposed, of the
+  //                                                                bf16 ones (added up in finish())
+  //   kf [BN][Dn], qf [BM][Dn], dof [BM][Dvn] f32                  K, Q, dO of tiles with f32 products
   struct BackwardScratch {
     Dims z;
-    bf16 *ktb, *vtb, *kb, *pta, *dsta, *dsa, *pta_lo, *dsta_lo, *dsa_lo;
-    float *s, *dp, *dk, *dv, *kf, *qf, *dof;
+    bf16 *ktb, *vtb, *kb, *pb, *dsb, *dsa, *dsa_lo;
+    float *s, *dp, *dk, *dv, *dkt, *dvt, *kf, *qf, *dof;
     BackwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) : z(p, t) {
       Carver c{base};
       ktb = c.take<bf16>(z.dkx / 2 * z.kt_ld);
       vtb = c.take<bf16>(z.dvkx / 2 * z.kt_ld);
       kb = c.take<bf16>(z.bnkx / 2 * z.dn_ld);
-      pta = c.take<bf16>(z.bnp * z.pt_ld);
-      dsta = c.take<bf16>(z.bnp * z.pt_ld);
+      pb = c.take<bf16>(kTParts * z.bmk / 2 * z.kt_ld);
+      dsb = c.take<bf16>(kTParts * z.bmk / 2 * z.kt_ld);
       dsa = c.take<bf16>(z.bmp * z.pa_ld);
-      pta_lo = kExact ? past(pta, z.bmk) : c.take<bf16>(z.bnp * z.pt_ld);
-      dsta_lo = kExact ? past(dsta, z.bmk) : c.take<bf16>(z.bnp * z.pt_ld);
       dsa_lo = kExact ? past(dsa, z.bnk) : c.take<bf16>(z.bmp * z.pa_ld);
       s = c.floats(z.bmp * z.s_ld);
       dp = c.floats(z.bmp * z.s_ld);
       dk = c.floats(z.bnp * z.dk_ld);
       dv = c.floats(z.bnp * z.o_ld);
+      dkt = c.floats(z.dn * z.s_ld);
+      dvt = c.floats(z.dvn * z.s_ld);
       kf = c.floats(t.bn * z.dn);
       qf = c.floats(t.bm * z.dn);
       dof = c.floats(t.bm * z.dvn);
@@ -542,6 +568,7 @@ struct MathBf16 {
       if (job_.need_dq) pack_y_b(k, p_.k.ss, cols, p_.head_dim, s_.kb, z.dn_ld, z.bnk, z.dn);
       if (job_.need_dk) fill(s_.dk, cols * z.dk_ld, 0.0f);
       if (job_.need_dv) fill(s_.dv, cols * z.o_ld, 0.0f);
+      transposed_ = false;
     }
 
     // C += A B in f32 for a tile whose products are in f32 (f32_products_), under its mask
@@ -558,7 +585,6 @@ struct MathBf16 {
       const Dims& z = s_.z;
       const int64_t bh = b * p_.heads_q + h, row0 = bh * p_.seqlen_q + i0, cols = cols_;
       const QBlock q = q_block(job_, z, bh, i0 / job_.tiles.bm);
-      const int64_t rk = p_k(rows, z.bmk);
       rows_ = rows;
       if (mask) tile_mask_ = *mask;
       masked_ = mask != nullptr;
@@ -571,38 +597,41 @@ struct MathBf16 {
       if (need_ds_)
         BMicro::gemm(rows, cols, z.dvkx, q.doa, x_lo(q.doa, z.bmp, z.dvkx), a_ld(z.dvkx), s_.vtb, z.kt_ld, s_.dp,
                      z.s_ld, false, nullptr);
-      // P = exp2(S * scale * log2(e) - lse2), 0 where masked, with P^T's split for dV in the same pass
+      // P = exp2(S * scale * log2(e) - lse2), 0 where masked, with P's split for dV^T in the same pass
       // where the tile takes its products on tiles
+      if (!f32_products_ && !transposed_ && (job_.need_dv || job_.need_dk)) { // the first such tile
+        if (job_.need_dv) fill(s_.dvt, z.dvn * z.s_ld, 0.0f);
+        if (job_.need_dk) fill(s_.dkt, z.dn * z.s_ld, 0.0f);
+        transposed_ = true;
+      }
       if (job_.need_dv && !f32_products_)
-        probs_split_t(rows, cols, job_.lse2 + row0);
+        probs_split(rows, cols, job_.lse2 + row0);
       else
         F::probs(s_.s, z.s_ld, rows, cols, log2_scale(p_), job_.lse2 + row0, mask);
-      if (need_ds_) { // dS = P (dP - delta) * scale, with dS's split for dQ likewise, and dS^T's for dK
-        if (job_.need_dq && !f32_products_)
+      if (need_ds_) { // dS = P (dP - delta) * scale, with its splits for dQ and dK^T likewise
+        if (!f32_products_)
           dscores_split(rows, cols, job_.delta + row0);
         else
           F::dscores(s_.s, s_.dp, z.s_ld, rows, cols, job_.delta + row0, p_.scale, mask);
-        if (job_.need_dk && !f32_products_)
-          Pack::split_f32_t(s_.dp, z.s_ld, rows, cols, s_.dsta, s_.dsta_lo, z.pt_ld, z.bmk, z.bnp, again_of(z.bmk));
       }
-      // dv [cols][Dv] += P^T dO
+      // dv [cols][Dv] += P^T dO (the bf16 products as dv^T)
       if (job_.need_dv) {
         if (f32_products_) {
           F::load_rows(row_ptr<const T>(p_.dout, b, h, i0), p_.dout.ss, rows, p_.head_dim_v, s_.dof, z.dvn);
           product_f32(cols, p_.head_dim_v, rows, s_.s, 1, z.s_ld, s_.dof, z.dvn, s_.dv, z.o_ld, false);
-        } else { // P^T split by probs_split_t
-          BMicro::gemm(cols, p_.head_dim_v, rk, s_.pta, p_lo(s_.pta_lo), z.pt_ld, q.dob, z.dv_ld, s_.dv, z.o_ld, true,
-                       nullptr);
+        } else { // dv^T [Dv][cols] += dO^T P, P split by probs_split
+          BMicro::gemm(p_.head_dim_v, cols, z.bmt, q.doat, nullptr, z.t_ld, s_.pb, z.kt_ld, s_.dvt, z.s_ld, true,
+                       nullptr, b_lo(s_.pb));
         }
       }
-      // dk [cols][D] += dS^T Q
+      // dk [cols][D] += dS^T Q (likewise)
       if (job_.need_dk) {
         if (f32_products_) {
           F::load_rows(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, s_.qf, z.dn);
           product_f32(cols, p_.head_dim, rows, s_.dp, 1, z.s_ld, s_.qf, z.dn, s_.dk, z.dk_ld, false);
-        } else {
-          BMicro::gemm(cols, p_.head_dim, rk, s_.dsta, p_lo(s_.dsta_lo), z.pt_ld, q.qb, z.dn_ld, s_.dk, z.dk_ld, true,
-                       nullptr);
+        } else { // dk^T [D][cols] += Q^T dS
+          BMicro::gemm(p_.head_dim, cols, z.bmt, q.qat, nullptr, z.t_ld, s_.dsb, z.kt_ld, s_.dkt, z.s_ld, true,
+                       nullptr, b_lo(s_.dsb));
         }
       }
     }
@@ -628,55 +657,60 @@ struct MathBf16 {
       f.share_of(total, share, shares);
     }
 
-    // P = exp2(S * scale * log2(e) - lse2) of an unmasked tile (as F::probs) into s, and P^T as dV's A
-    // operand, hi + lo (as Pack::split_f32_t), in the same pass: s is read once.
-    void probs_split_t(int64_t rows, int64_t cols, const float* lse2) {
+    // P = exp2(S * scale * log2(e) - lse2) of an unmasked tile (as F::probs) into s, and P as the B
+    // side of dV^T = dO^T P, hi + lo (as Pack::split_pairs: VNNI words of rows k and k + 1, zeros
+    // beyond rows and cols), in the same pass: s is read once.
+    void probs_split(int64_t rows, int64_t cols, const float* lse2) {
       const Dims& z = s_.z;
       const typename V::reg mul = V::set1(log2_scale(p_));
-      const int64_t lines = prefetch_.quota(2 * (z.bnp / 16) * (z.bmk / 16)); // half of them here
-      for (int64_t c0 = 0; c0 < z.bnp; c0 += 16) {
+      const int64_t seg = z.bmk / 2 * z.kt_ld, lines = prefetch_.quota(z.bmk); // half of them here
+      auto prob = [&](int64_t r, int64_t c0) {
+        if (r >= rows || c0 >= cols) return V::zero();
         const int n = static_cast<int>(min64(16, cols - c0));
-        for (int64_t r0 = 0; r0 < z.bmk; r0 += 16) {
-          prefetch_.step(lines);
-          typename V::reg block[16];
-          for (int i = 0; i < 16; ++i) {
-            float* row = s_.s + (r0 + i) * z.s_ld + c0;
-            block[i] = V::zero();
-            if (r0 + i >= rows || n <= 0) continue;
-            typename V::reg pr = F::prob(V::load(row, n), mul, V::set1(lse2[r0 + i]));
-            if (n < 16) pr = V::select(V::in_band(0, 1, 0, n - 1), pr, V::zero()); // no keys past cols
-            V::store(row, pr, n);
-            block[i] = pr;
-          }
-          V::transpose(block);
-          for (int j = 0; j < 16; ++j)
-            Pack::split(block[j], s_.pta + (c0 + j) * z.pt_ld + r0, s_.pta_lo + (c0 + j) * z.pt_ld + r0, z.bmk - r0,
-                        again_of(z.bmk));
-        }
+        float* at = s_.s + r * z.s_ld + c0;
+        typename V::reg pr = F::prob(V::load(at, n), mul, V::set1(lse2[r]));
+        if (n < 16) pr = V::select(V::in_band(0, 1, 0, n - 1), pr, V::zero()); // no keys past cols
+        V::store(at, pr, n);
+        return pr;
+      };
+      for (int64_t r = 0; r < z.bmk; r += 2) {
+        prefetch_.step(lines);
+        bf16* hi = s_.pb + r / 2 * z.kt_ld;
+        for (int64_t c0 = 0; c0 < z.bnp; c0 += 16)
+          Pack::split_pairs(prob(r, c0), prob(r + 1, c0), hi + 2 * c0, hi + seg + 2 * c0, kExact ? 2 * seg : 0);
       }
     }
 
-    // dS = P (dP - delta) * scale of an unmasked tile (as F::dscores) into dp, and as dQ's A operand,
-    // hi + lo [BMp][BNk] (zeros beyond rows and cols), in the same pass: dp is read once.
+    // dS = P (dP - delta) * scale of an unmasked tile (as F::dscores), in one pass over P and dP: as
+    // dQ's A operand, hi + lo [BMp][BNk] (zeros beyond rows and cols), and as the B side of dK^T = Q^T
+    // dS, as probs_split splits P.
     void dscores_split(int64_t rows, int64_t cols, const float* delta) {
       const Dims& z = s_.z;
       const typename V::reg vs = V::set1(p_.scale);
-      const int64_t lines = prefetch_.quota(z.bmp);
-      for (int64_t r = 0; r < z.bmp; ++r) {
+      const int64_t seg = z.bmk / 2 * z.kt_ld, lines = prefetch_.quota(z.bmk / 2);
+      const bool for_dq = job_.need_dq, for_dk = job_.need_dk;
+      for (int64_t r = 0; r < z.bmk; r += 2) {
         prefetch_.step(lines);
-        const typename V::reg dl = V::set1(r < rows ? delta[r] : 0.0f);
-        float* dp = s_.dp + r * z.s_ld;
-        const float* pr = s_.s + r * z.s_ld;
-        auto ds = [&](int64_t c0) {
-          if (r >= rows || c0 >= cols) return V::zero();
+        const typename V::reg dl0 = V::set1(r < rows ? delta[r] : 0.0f);
+        const typename V::reg dl1 = V::set1(r + 1 < rows ? delta[r + 1] : 0.0f);
+        auto ds = [&](int64_t row, typename V::reg dl, int64_t c0) {
+          if (row >= rows || c0 >= cols) return V::zero();
           const int n = static_cast<int>(min64(16, cols - c0));
-          const typename V::reg x = F::dscore(V::load(pr + c0, n), V::load(dp + c0, n), dl, vs);
-          V::store(dp + c0, x, n);
-          return x;
+          return F::dscore(V::load(s_.s + row * z.s_ld + c0, n), V::load(s_.dp + row * z.s_ld + c0, n), dl, vs);
         };
+        bf16* hi = s_.dsb + r / 2 * z.kt_ld;
         for (int64_t c0 = 0; c0 < z.bnk; c0 += 32) {
-          const typename V::reg d0 = ds(c0), d1 = ds(c0 + 16);
-          Pack::split32(d0, d1, s_.dsa + r * z.pa_ld + c0, s_.dsa_lo + r * z.pa_ld + c0, z.bnk - c0, again_of(z.bnk));
+          const typename V::reg x0 = ds(r, dl0, c0), x1 = ds(r, dl0, c0 + 16);
+          const typename V::reg y0 = ds(r + 1, dl1, c0), y1 = ds(r + 1, dl1, c0 + 16);
+          if (for_dq && r < z.bmp) { // bmp and bmk are even: r + 1 < bmp too
+            bf16 *a = s_.dsa + r * z.pa_ld + c0, *a_lo = s_.dsa_lo + r * z.pa_ld + c0;
+            Pack::split32(x0, x1, a, a_lo, z.bnk - c0, again_of(z.bnk));
+            Pack::split32(y0, y1, a + z.pa_ld, a_lo + z.pa_ld, z.bnk - c0, again_of(z.bnk));
+          }
+          if (!for_dk) continue;
+          if (c0 < z.bnp) Pack::split_pairs(x0, y0, hi + 2 * c0, hi + seg + 2 * c0, kExact ? 2 * seg : 0);
+          if (c0 + 16 < z.bnp)
+            Pack::split_pairs(x1, y1, hi + 2 * c0 + 32, hi + seg + 2 * c0 + 32, kExact ? 2 * seg : 0);
         }
       }
     }
@@ -697,6 +731,11 @@ struct MathBf16 {
     // The key block's dK and dV rows (T, or f32 partial rows when the queries are split); null: not needed.
     template <class U>
     void finish(U* dk, int64_t lddk, U* dv, int64_t lddv, int64_t cols) {
+      const Dims& z = s_.z;
+      if (transposed_) { // the bf16 products' sums, after the f32 products' (a fixed order)
+        if (dk) add_transposed(s_.dkt, z.dn, cols, s_.dk, z.dk_ld);
+        if (dv) add_transposed(s_.dvt, z.dvn, cols, s_.dv, z.o_ld);
+      }
       for (int64_t c = 0; c < cols; ++c) {
         if (dk) F::store_row(s_.dk + c * s_.z.dk_ld, p_.head_dim, 1.0f, dk + c * lddk);
         if (dv) F::store_row(s_.dv + c * s_.z.o_ld, p_.head_dim_v, 1.0f, dv + c * lddv);
@@ -704,10 +743,29 @@ struct MathBf16 {
     }
 
    private:
+    // For bf16 the lo segment of P or dS as B (pb, dsb) as the products' B_lo; for f16 none (its
+    // segments are stacked along k).
+    const bf16* b_lo(const bf16* hi) const { return kExact ? nullptr : hi + s_.z.bmk / 2 * s_.z.kt_ld; }
+
+    // dst [cols][ldd] += src^T, src [width][s_ld] (width a multiple of 16, columns up to BNp readable).
+    void add_transposed(const float* src, int64_t width, int64_t cols, float* dst, int64_t ldd) const {
+      for (int64_t d0 = 0; d0 < width; d0 += 16)
+        for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+          typename V::reg block[16];
+          for (int i = 0; i < 16; ++i) block[i] = V::loadu(src + (d0 + i) * s_.z.s_ld + c0);
+          V::transpose(block);
+          for (int j = 0; j < 16 && c0 + j < cols; ++j) {
+            float* row = dst + (c0 + j) * ldd + d0;
+            V::storeu(row, V::add(V::loadu(row), block[j]));
+          }
+        }
+    }
+
     const BackwardJob& job_;
     const core::Problem& p_;
     BackwardScratch s_;
     bool need_ds_ = false, masked_ = false, f32_products_ = false, kf_ready_ = false;
+    bool transposed_ = false; // dkt and dvt hold sums (zeroed at the key block's first bf16 tile)
     int64_t cols_ = 0, rows_ = 0;
     const T* k_ = nullptr;
     Mask tile_mask_{};

@@ -153,23 +153,24 @@ struct AmxMicro {
   // loads overlap the last products rather than follow them. Measured on the Xeon with AMX, operands
   // in L1, against the register-only TDPBF16PS rate: C loaded, k = 64 / 128 / 256: 0.35 / 0.52 / 0.67
   // of it block by block, 0.51 / 0.67 / 0.79 pipelined; C zeroed, k = 128: 0.77 and 0.81.
-  template <bool kLo>
+  template <bool kLo, bool kLoB>
   static void full_blocks(int64_t mf, int64_t nf, int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda,
-                          const bf16* b, int64_t ldb, float* c, int64_t ldc, bool acc) {
+                          const bf16* b, const bf16* b_lo, int64_t ldb, float* c, int64_t ldc, bool acc) {
     const int64_t sa = lda * 2, sb = ldb * 2, sc = ldc * 4, cols = nf / 32, blocks = mf / 32 * cols;
     if (blocks == 0) return;
     struct At {
-      const bf16 *a, *a_lo, *b;
+      const bf16 *a, *a_lo, *b, *b_lo;
       float* c;
     };
     // Blocks in rows of blocks, or in columns of blocks where B's panel is the larger operand (the
     // forward's S = Q K^T: 64 query rows, 128 or 256 keys): then each B tile is loaded from L2 once
     // per pair of block rows rather than once per block row.
     const int64_t rows = mf / 32;
-    const bool by_cols = nf > mf * (kLo ? 2 : 1);
+    const bool by_cols = nf * (kLoB ? 2 : 1) > mf * (kLo ? 2 : 1);
     auto at = [&](int64_t i) {
       const int64_t r0 = (by_cols ? i % rows : i / cols) * 32, c0 = (by_cols ? i / rows : i % cols) * 32;
-      return At{a + r0 * lda, kLo ? a_lo + r0 * lda : nullptr, b + 2 * c0, c + r0 * ldc + c0};
+      return At{a + r0 * lda, kLo ? a_lo + r0 * lda : nullptr, b + 2 * c0, kLoB ? b_lo + 2 * c0 : nullptr,
+                c + r0 * ldc + c0};
     };
     At x = at(0);
     init_c<0>(x.c, sc, acc);
@@ -191,6 +192,15 @@ struct AmxMicro {
           TileOps::template dot<2, 5, 6>();
           TileOps::template dot<3, 5, 7>();
           TileOps::template load<5>(x.a_lo + 16 * lda + k0, sa);
+        }
+        if constexpr (kLoB) { // B's hi columns first, then its lo columns, with the same A tiles
+          const bf16* const bl = x.b_lo + (k0 / 2) * ldb;
+          TileOps::template dot<0, 4, 6>();
+          TileOps::template dot<2, 5, 6>();
+          TileOps::template load<6>(bl, sb);
+          TileOps::template dot<1, 4, 7>();
+          TileOps::template dot<3, 5, 7>();
+          TileOps::template load<7>(bl + 32, sb);
         }
         if (k0 + 32 < kk) {
           const bf16* const bn = x.b + ((k0 + 32) / 2) * ldb;
@@ -230,14 +240,15 @@ struct AmxMicro {
     }
   }
 
-  // C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) B; A, A_lo bf16 [>= round_up(m, 16)][kk] (lda),
-  // B VNNI [kk/2][ldb] with >= round_up(n, 16) columns, kk a multiple of 32.
+  // C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) (B + B_lo); A, A_lo bf16 [>= round_up(m, 16)][kk]
+  // (lda), B, B_lo VNNI [kk/2][ldb] with >= round_up(n, 16) columns, kk a multiple of 32; a_lo and
+  // b_lo may be null, not both given.
   // Blocks of 32 x 32 of C in four tiles (0-3), A in tiles 4-5, B in tiles 6-7; the whole blocks run
   // full_blocks, an edge block (the last row or column of blocks, when m or n is not a multiple of 32)
   // the general code below, its partial tiles through 16 x 16 buffers so that nothing outside [m][n]
   // is read or written. Between begin() and end() of the calling thread.
   static void gemm(int64_t m, int64_t n, int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda, const bf16* b,
-                   int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale) {
+                   int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale, const bf16* b_lo = nullptr) {
     if (acc && row_scale)
       for (int64_t r = 0; r < m; ++r)
         for (int64_t x = 0; x < n; x += 16) {
@@ -246,8 +257,9 @@ struct AmxMicro {
           V::store(p, V::mul(V::load(p, lanes), V::set1(row_scale[r])), lanes);
         }
     const int64_t mf = kk > 0 ? m / 32 * 32 : 0, nf = n / 32 * 32; // kk = 0: all in the general code
-    if (a_lo) full_blocks<true>(mf, nf, kk, a, a_lo, lda, b, ldb, c, ldc, acc);
-    else full_blocks<false>(mf, nf, kk, a, nullptr, lda, b, ldb, c, ldc, acc);
+    if (a_lo) full_blocks<true, false>(mf, nf, kk, a, a_lo, lda, b, nullptr, ldb, c, ldc, acc);
+    else if (b_lo) full_blocks<false, true>(mf, nf, kk, a, nullptr, lda, b, b_lo, ldb, c, ldc, acc);
+    else full_blocks<false, false>(mf, nf, kk, a, nullptr, lda, b, nullptr, ldb, c, ldc, acc);
     alignas(64) float edge[4][16 * 16];
     for (int64_t r0 = 0; r0 < m; r0 += 32)
       for (int64_t c0 = r0 < mf ? nf : 0; c0 < n; c0 += 32) { // the blocks full_blocks left
@@ -260,20 +272,21 @@ struct AmxMicro {
         if (two_cols) load_c<1>(c01, c + r0 * ldc + c0 + 16, ldc, acc);
         if (two_rows) load_c<2>(c10, c + (r0 + 16) * ldc + c0, ldc, acc);
         if (two_rows && two_cols) load_c<3>(c11, c + (r0 + 16) * ldc + c0 + 16, ldc, acc);
-        for (int64_t k0 = 0; k0 < kk; k0 += 32) {
-          TileOps::template load<6>(b + (k0 / 2) * ldb + 2 * c0, ldb * 2);
-          if (two_cols) TileOps::template load<7>(b + (k0 / 2) * ldb + 2 * (c0 + 16), ldb * 2);
-          const bf16* const parts[2] = {a, a_lo};
-          for (const bf16* src : parts) {
-            if (!src) continue;
-            TileOps::template load<4>(src + r0 * lda + k0, lda * 2);
-            if (two_rows) TileOps::template load<5>(src + (r0 + 16) * lda + k0, lda * 2);
-            TileOps::template dot<0, 4, 6>();
-            if (two_cols) TileOps::template dot<1, 4, 7>();
-            if (two_rows) TileOps::template dot<2, 5, 6>();
-            if (two_rows && two_cols) TileOps::template dot<3, 5, 7>();
+        for (int64_t k0 = 0; k0 < kk; k0 += 32)
+          for (const bf16* bsrc : {b, b_lo}) {
+            if (!bsrc) continue;
+            TileOps::template load<6>(bsrc + (k0 / 2) * ldb + 2 * c0, ldb * 2);
+            if (two_cols) TileOps::template load<7>(bsrc + (k0 / 2) * ldb + 2 * (c0 + 16), ldb * 2);
+            for (const bf16* src : {a, a_lo}) {
+              if (!src) continue;
+              TileOps::template load<4>(src + r0 * lda + k0, lda * 2);
+              if (two_rows) TileOps::template load<5>(src + (r0 + 16) * lda + k0, lda * 2);
+              TileOps::template dot<0, 4, 6>();
+              if (two_cols) TileOps::template dot<1, 4, 7>();
+              if (two_rows) TileOps::template dot<2, 5, 6>();
+              if (two_rows && two_cols) TileOps::template dot<3, 5, 7>();
+            }
           }
-        }
         store_c<0>(c00, c + r0 * ldc + c0, ldc);
         if (two_cols) store_c<1>(c01, c + r0 * ldc + c0 + 16, ldc);
         if (two_rows) store_c<2>(c10, c + (r0 + 16) * ldc + c0, ldc);

@@ -23,9 +23,6 @@ struct PackBf16 {
   static __mmask32 first32(int64_t n) {
     return n >= 32 ? 0xFFFFFFFFu : static_cast<__mmask32>((uint64_t{1} << n) - 1u);
   }
-  static __mmask16 first16(int64_t n) { return V512::first_lanes(static_cast<int>(n < 16 ? n : 16)); }
-  // The first min(n, 16) of 16 bf16 to p; nothing past them is written.
-  static void store16(bf16* p, int64_t n, __m256i x) { _mm256_mask_storeu_epi16(p, first16(n), x); }
 
   static __m256i to_bf16(__m512 x) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)); }
   static __m512 to_f32(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
@@ -100,6 +97,29 @@ struct PackBf16 {
       }
   }
 
+  // dst [cols_pad][width] (row stride ldd) = (src [rows][cols])^T, zeros beyond (cols_pad and width
+  // multiples of 16): the A form of an input's transpose. 16 x 16 blocks, widened to 32-bit words,
+  // transposed and narrowed.
+  template <class S>
+  static void rows_t(const S* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t ldd, int64_t width,
+                     int64_t cols_pad, bool lo = false) {
+    for (int64_t c0 = 0; c0 < cols_pad; c0 += 16)
+      for (int64_t r0 = 0; r0 < width; r0 += 16) {
+        __m512 block[16];
+        for (int i = 0; i < 16; ++i) {
+          const int64_t r = r0 + i;
+          block[i] = r < rows && c0 < cols
+                         ? _mm512_castsi512_ps(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(
+                               load32(src + r * lds + c0, first32(cols - c0 < 16 ? cols - c0 : 16), lo))))
+                         : _mm512_setzero_ps();
+        }
+        V512::transpose(block);
+        for (int j = 0; j < 16; ++j)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (c0 + j) * ldd + r0),
+                              _mm512_cvtepi32_epi16(_mm512_castps_si512(block[j])));
+      }
+  }
+
   // P and dS (f32) as hi + lo, both bf16: hi = x truncated to bf16, lo = bf16(x - hi), rounded to
   // nearest; |x - hi - lo| <= 2^-15 |x| (|x - hi| < 2^-7 |x|, and lo's rounding 2^-8 of that). x - hi
   // is exact; x = +-inf gives lo = NaN, as rounding both parts did. Truncation makes hi an AND and
@@ -107,15 +127,9 @@ struct PackBf16 {
   static __m512 low_part(__m512 x) {
     return _mm512_sub_ps(x, _mm512_and_ps(x, _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(0xFFFF0000u)))));
   }
-  // The first min(n, 16) lanes of x; hi also at hi + again when again is not 0.
-  static void split(__m512 x, bf16* hi, bf16* lo, int64_t n, int64_t again = 0) {
-    const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16));
-    store16(hi, n, h);
-    if (again) store16(hi + again, n, h);
-    store16(lo, n, to_bf16(low_part(x)));
-  }
-  // The same for 32 lanes, x0 then x1, the first min(n, 32) of them: one permutation packs hi and
-  // one cvtne2ps rounds lo, half the instructions of two split() (the forward's P: 0.91x its time).
+  // 32 lanes, x0 then x1, the first min(n, 32) of them, hi also at hi + again when again is not 0:
+  // one permutation packs hi and one cvtne2ps rounds lo, half the instructions of splitting 16 lanes
+  // at a time (the forward's P: 0.91x its time).
   static void split32(__m512 x0, __m512 x1, bf16* hi, bf16* lo, int64_t n, int64_t again = 0) {
     static const uint16_t kHigh[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
                                        33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
@@ -128,20 +142,20 @@ struct PackBf16 {
     _mm512_mask_storeu_epi16(lo, m, l);
   }
 
-  // hi + lo [cols_pad][width] bf16 (row stride ldd) = (src [rows][cols] f32)^T, zeros beyond (cols_pad
-  // and width multiples of 16); hi also at hi + again when again is not 0.
-  static void split_f32_t(const float* src, int64_t lds, int64_t rows, int64_t cols, bf16* hi, bf16* lo,
-                          int64_t ldd, int64_t width, int64_t cols_pad, int64_t again = 0) {
-    for (int64_t c0 = 0; c0 < cols_pad; c0 += 16)
-      for (int64_t r0 = 0; r0 < width; r0 += 16) {
-        __m512 block[16];
-        for (int i = 0; i < 16; ++i)
-          block[i] = r0 + i < rows && c0 < cols ? _mm512_maskz_loadu_ps(first16(cols - c0), src + (r0 + i) * lds + c0)
-                                                : _mm512_setzero_ps();
-        V512::transpose(block);
-        for (int j = 0; j < 16; ++j)
-          split(block[j], hi + (c0 + j) * ldd + r0, lo + (c0 + j) * ldd + r0, width - r0, again);
-      }
+  // Rows k and k + 1 of P or dS (x and y, 16 columns each) as one row of B's VNNI words (word n holds
+  // x[n] and y[n]), split as split32 splits: 16 words of hi at hi (and at hi + again when again is not
+  // 0), 16 of lo at lo. hi: x's high half shifted down beside y's; lo: both rounded by one cvtne2ps,
+  // then interleaved.
+  static void split_pairs(__m512 x, __m512 y, bf16* hi, bf16* lo, int64_t again = 0) {
+    static const uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                             8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i h = _mm512_ternarylogic_epi32(_mm512_srli_epi32(_mm512_castps_si512(x), 16), _mm512_castps_si512(y),
+                                                _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)), 0xF8); // a | (b & c)
+    const __m512i l = _mm512_permutexvar_epi16(
+        _mm512_loadu_si512(kInterleave), reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(low_part(y), low_part(x))));
+    _mm512_storeu_si512(hi, h);
+    if (again) _mm512_storeu_si512(hi + again, h);
+    _mm512_storeu_si512(lo, l);
   }
 };
 

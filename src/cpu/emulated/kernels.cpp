@@ -34,6 +34,14 @@ struct PackBf16Portable {
       for (int64_t c = 0; c < width; ++c)
         dst[r * ldd + c] = r < rows && c < cols ? part(src[r * lds + c], lo) : bf16{};
   }
+  // dst [cols_pad][width] (row stride ldd) = (src [rows][cols])^T, zeros beyond.
+  template <class S>
+  static void rows_t(const S* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t ldd, int64_t width,
+                     int64_t cols_pad, bool lo = false) {
+    for (int64_t c = 0; c < cols_pad; ++c)
+      for (int64_t r = 0; r < width; ++r)
+        dst[c * ldd + r] = r < rows && c < cols ? part(src[r * lds + c], lo) : bf16{};
+  }
   // B(k, n) = src[n][k] in the VNNI format, for k < k_pad and n < n_pad.
   template <class S>
   static void vnni_t(const S* src, int64_t lds, int64_t rows, int64_t cols, bf16* dst, int64_t ldb,
@@ -68,23 +76,23 @@ struct PackBf16Portable {
     *lo = from_float<bf16>(x - h);
     if (again) hi[again] = *hi;
   }
-  // The first min(n, 16) lanes of x as hi + lo; hi also at hi + again when again is not 0.
-  static void split(V512Pairs::reg x, bf16* hi, bf16* lo, int64_t n, int64_t again = 0) {
-    float v[16];
-    V512Pairs::storeu(v, x);
-    for (int64_t i = 0; i < n && i < 16; ++i) split(v[i], hi + i, lo + i, again);
-  }
-  // The first min(n, 32) of x0's lanes and then x1's.
+  // The first min(n, 32) of x0's lanes and then x1's as hi + lo; hi also at hi + again when again is
+  // not 0.
   static void split32(V512Pairs::reg x0, V512Pairs::reg x1, bf16* hi, bf16* lo, int64_t n, int64_t again = 0) {
-    split(x0, hi, lo, n, again);
-    if (n > 16) split(x1, hi + 16, lo + 16, n - 16, again);
+    float v[32];
+    V512Pairs::storeu(v, x0);
+    V512Pairs::storeu(v + 16, x1);
+    for (int64_t i = 0; i < n && i < 32; ++i) split(v[i], hi + i, lo + i, again);
   }
-  // hi + lo [cols_pad][width] (row stride ldd) = (src [rows][cols])^T, zeros beyond; hi also at hi + again.
-  static void split_f32_t(const float* src, int64_t lds, int64_t rows, int64_t cols, bf16* hi, bf16* lo,
-                          int64_t ldd, int64_t width, int64_t cols_pad, int64_t again = 0) {
-    for (int64_t c = 0; c < cols_pad; ++c)
-      for (int64_t r = 0; r < width; ++r)
-        split(r < rows && c < cols ? src[r * lds + c] : 0.0f, hi + c * ldd + r, lo + c * ldd + r, again);
+  // Rows k and k + 1 (x, y) as one row of B's VNNI words, split (pack_bf16.h: split_pairs).
+  static void split_pairs(V512Pairs::reg x, V512Pairs::reg y, bf16* hi, bf16* lo, int64_t again = 0) {
+    float a[16], b[16];
+    V512Pairs::storeu(a, x);
+    V512Pairs::storeu(b, y);
+    for (int i = 0; i < 16; ++i) {
+      split(a[i], hi + 2 * i, lo + 2 * i, again);
+      split(b[i], hi + 2 * i + 1, lo + 2 * i + 1, again);
+    }
   }
 };
 
