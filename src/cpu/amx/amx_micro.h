@@ -143,6 +143,11 @@ struct AmxMicro {
     else TileOps::template zero<t>();
   }
 
+  // One k segment of gemm_sum: A, A_lo, B, B_lo as in gemm.
+  struct Segment {
+    const bf16 *a, *a_lo, *b, *b_lo;
+  };
+
   // The whole 32 x 32 blocks of C (four tiles each, in place) of the first mf rows and nf columns
   // (multiples of 32), in rows or columns of blocks (below), straight-line. The tiles are not renamed: a load into a
   // tile waits for the instructions that read it. So each k step's loads are issued right after the
@@ -154,81 +159,97 @@ struct AmxMicro {
   // in L1, against the register-only TDPBF16PS rate: C loaded, k = 64 / 128 / 256: 0.35 / 0.52 / 0.67
   // of it block by block, 0.51 / 0.67 / 0.79 pipelined; C zeroed, k = 128: 0.77 and 0.81.
   template <bool kLo, bool kLoB>
-  static void full_blocks(int64_t mf, int64_t nf, int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda,
-                          const bf16* b, const bf16* b_lo, int64_t ldb, float* c, int64_t ldc, bool acc) {
+  static void full_blocks(int64_t mf, int64_t nf, int64_t kk, const Segment* seg, int64_t nseg, int64_t lda,
+                          int64_t ldb, float* c, int64_t ldc, bool acc) {
     const int64_t sa = lda * 2, sb = ldb * 2, sc = ldc * 4, cols = nf / 32, blocks = mf / 32 * cols;
     if (blocks == 0) return;
-    struct At {
-      const bf16 *a, *a_lo, *b, *b_lo;
-      float* c;
-    };
     // Blocks in rows of blocks, or in columns of blocks where B's panel is the larger operand (the
     // forward's S = Q K^T: 64 query rows, 128 or 256 keys): then each B tile is loaded from L2 once
     // per pair of block rows rather than once per block row.
     const int64_t rows = mf / 32;
     const bool by_cols = nf * (kLoB ? 2 : 1) > mf * (kLo ? 2 : 1);
+    struct At {
+      int64_t a, b; // offsets of the block's rows of A and columns of B
+      float* c;
+    };
     auto at = [&](int64_t i) {
       const int64_t r0 = (by_cols ? i % rows : i / cols) * 32, c0 = (by_cols ? i / rows : i % cols) * 32;
-      return At{a + r0 * lda, kLo ? a_lo + r0 * lda : nullptr, b + 2 * c0, kLoB ? b_lo + 2 * c0 : nullptr,
-                c + r0 * ldc + c0};
+      return At{r0 * lda, 2 * c0, c + r0 * ldc + c0};
+    };
+    // The operands of a block's k step (32 k) at k0 of segment g.
+    const int64_t steps = nseg * (kk / 32);
+    struct Step {
+      const bf16 *a, *a_lo, *b, *b_lo;
+    };
+    auto step = [&](const At& x, int64_t g, int64_t k0) {
+      const Segment& sg = seg[g];
+      return Step{sg.a + x.a + k0, kLo ? sg.a_lo + x.a + k0 : nullptr, sg.b + x.b + k0 / 2 * ldb,
+                  kLoB ? sg.b_lo + x.b + k0 / 2 * ldb : nullptr};
     };
     At x = at(0);
     init_c<0>(x.c, sc, acc);
     init_c<1>(x.c + 16, sc, acc);
     init_c<2>(x.c + 16 * ldc, sc, acc);
     init_c<3>(x.c + 16 * ldc + 16, sc, acc);
-    TileOps::template load<4>(x.a, sa);
-    TileOps::template load<6>(x.b, sb);
-    TileOps::template load<7>(x.b + 32, sb);
-    TileOps::template load<5>(x.a + 16 * lda, sa);
+    Step f = step(x, 0, 0);
+    TileOps::template load<4>(f.a, sa);
+    TileOps::template load<6>(f.b, sb);
+    TileOps::template load<7>(f.b + 32, sb);
+    TileOps::template load<5>(f.a + 16 * lda, sa);
     for (int64_t i = 0; i < blocks; ++i) {
       const bool next = i + 1 < blocks;
       const At y = next ? at(i + 1) : x;
-      for (int64_t k0 = 0; k0 < kk; k0 += 32) {
+      for (int64_t s = 0, g = 0, k0 = 0; s < steps; ++s) {
+        const Step k = step(x, g, k0);
+        k0 += 32;
+        if (k0 == kk) { // the next step's segment
+          k0 = 0;
+          ++g;
+        }
         if constexpr (kLo) { // A's hi rows first, then its lo rows, with the same B tiles
           TileOps::template dot<0, 4, 6>();
           TileOps::template dot<1, 4, 7>();
-          TileOps::template load<4>(x.a_lo + k0, sa);
+          TileOps::template load<4>(k.a_lo, sa);
           TileOps::template dot<2, 5, 6>();
           TileOps::template dot<3, 5, 7>();
-          TileOps::template load<5>(x.a_lo + 16 * lda + k0, sa);
+          TileOps::template load<5>(k.a_lo + 16 * lda, sa);
         }
         if constexpr (kLoB) { // B's hi columns first, then its lo columns, with the same A tiles
-          const bf16* const bl = x.b_lo + (k0 / 2) * ldb;
           TileOps::template dot<0, 4, 6>();
           TileOps::template dot<2, 5, 6>();
-          TileOps::template load<6>(bl, sb);
+          TileOps::template load<6>(k.b_lo, sb);
           TileOps::template dot<1, 4, 7>();
           TileOps::template dot<3, 5, 7>();
-          TileOps::template load<7>(bl + 32, sb);
+          TileOps::template load<7>(k.b_lo + 32, sb);
         }
-        if (k0 + 32 < kk) {
-          const bf16* const bn = x.b + ((k0 + 32) / 2) * ldb;
+        if (s + 1 < steps) {
+          const Step n = step(x, g, k0);
           TileOps::template dot<0, 4, 6>();
           TileOps::template dot<1, 4, 7>();
-          TileOps::template load<4>(x.a + k0 + 32, sa);
+          TileOps::template load<4>(n.a, sa);
           TileOps::template dot<2, 5, 6>();
-          TileOps::template load<6>(bn, sb);
+          TileOps::template load<6>(n.b, sb);
           TileOps::template dot<3, 5, 7>();
-          TileOps::template load<7>(bn + 32, sb);
-          TileOps::template load<5>(x.a + 16 * lda + k0 + 32, sa);
+          TileOps::template load<7>(n.b + 32, sb);
+          TileOps::template load<5>(n.a + 16 * lda, sa);
           continue;
         }
         // The last k step: this block's stores, the next block's first tiles.
+        if (next) f = step(y, 0, 0);
         TileOps::template dot<0, 4, 6>();
         TileOps::template store<0>(x.c, sc);
         TileOps::template dot<1, 4, 7>();
-        if (next) TileOps::template load<4>(y.a, sa);
+        if (next) TileOps::template load<4>(f.a, sa);
         TileOps::template store<1>(x.c + 16, sc);
         if (next) init_c<0>(y.c, sc, acc);
         TileOps::template dot<2, 5, 6>();
-        if (next) TileOps::template load<6>(y.b, sb);
+        if (next) TileOps::template load<6>(f.b, sb);
         TileOps::template store<2>(x.c + 16 * ldc, sc);
         if (next) init_c<1>(y.c + 16, sc, acc);
         TileOps::template dot<3, 5, 7>();
         if (next) {
-          TileOps::template load<7>(y.b + 32, sb);
-          TileOps::template load<5>(y.a + 16 * lda, sa);
+          TileOps::template load<7>(f.b + 32, sb);
+          TileOps::template load<5>(f.a + 16 * lda, sa);
         }
         TileOps::template store<3>(x.c + 16 * ldc + 16, sc);
         if (next) {
@@ -242,13 +263,23 @@ struct AmxMicro {
 
   // C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) (B + B_lo); A, A_lo bf16 [>= round_up(m, 16)][kk]
   // (lda), B, B_lo VNNI [kk/2][ldb] with >= round_up(n, 16) columns, kk a multiple of 32; a_lo and
-  // b_lo may be null, not both given.
+  // b_lo may be null, not both given. Between begin() and end() of the calling thread.
+  static void gemm(int64_t m, int64_t n, int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda, const bf16* b,
+                   int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale, const bf16* b_lo = nullptr) {
+    const Segment seg{a, a_lo, b, b_lo};
+    gemm_sum(m, n, kk, &seg, 1, lda, ldb, c, ldc, acc, row_scale);
+  }
+
+  // C[m][n] = (acc ? row_scale * C : 0) + the sum over the nseg segments, in order, of (A + A_lo) (B +
+  // B_lo), each over kk; every segment with the same of a_lo and b_lo given (at most one of the two).
+  // The same bits as gemm on each segment in turn (the tiles accumulate in the same order; C only
+  // stays in its tiles across them).
   // Blocks of 32 x 32 of C in four tiles (0-3), A in tiles 4-5, B in tiles 6-7; the whole blocks run
   // full_blocks, an edge block (the last row or column of blocks, when m or n is not a multiple of 32)
   // the general code below, its partial tiles through 16 x 16 buffers so that nothing outside [m][n]
-  // is read or written. Between begin() and end() of the calling thread.
-  static void gemm(int64_t m, int64_t n, int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda, const bf16* b,
-                   int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale, const bf16* b_lo = nullptr) {
+  // is read or written.
+  static void gemm_sum(int64_t m, int64_t n, int64_t kk, const Segment* seg, int64_t nseg, int64_t lda, int64_t ldb,
+                       float* c, int64_t ldc, bool acc, const float* row_scale) {
     if (acc && row_scale)
       for (int64_t r = 0; r < m; ++r)
         for (int64_t x = 0; x < n; x += 16) {
@@ -256,10 +287,10 @@ struct AmxMicro {
           float* p = c + r * ldc + x;
           V::store(p, V::mul(V::load(p, lanes), V::set1(row_scale[r])), lanes);
         }
-    const int64_t mf = kk > 0 ? m / 32 * 32 : 0, nf = n / 32 * 32; // kk = 0: all in the general code
-    if (a_lo) full_blocks<true, false>(mf, nf, kk, a, a_lo, lda, b, nullptr, ldb, c, ldc, acc);
-    else if (b_lo) full_blocks<false, true>(mf, nf, kk, a, nullptr, lda, b, b_lo, ldb, c, ldc, acc);
-    else full_blocks<false, false>(mf, nf, kk, a, nullptr, lda, b, nullptr, ldb, c, ldc, acc);
+    const int64_t mf = kk > 0 && nseg > 0 ? m / 32 * 32 : 0, nf = n / 32 * 32; // no k: all in the general code
+    if (mf > 0 && seg[0].a_lo) full_blocks<true, false>(mf, nf, kk, seg, nseg, lda, ldb, c, ldc, acc);
+    else if (mf > 0 && seg[0].b_lo) full_blocks<false, true>(mf, nf, kk, seg, nseg, lda, ldb, c, ldc, acc);
+    else full_blocks<false, false>(mf, nf, kk, seg, nseg, lda, ldb, c, ldc, acc);
     alignas(64) float edge[4][16 * 16];
     for (int64_t r0 = 0; r0 < m; r0 += 32)
       for (int64_t c0 = r0 < mf ? nf : 0; c0 < n; c0 += 32) { // the blocks full_blocks left
@@ -272,21 +303,22 @@ struct AmxMicro {
         if (two_cols) load_c<1>(c01, c + r0 * ldc + c0 + 16, ldc, acc);
         if (two_rows) load_c<2>(c10, c + (r0 + 16) * ldc + c0, ldc, acc);
         if (two_rows && two_cols) load_c<3>(c11, c + (r0 + 16) * ldc + c0 + 16, ldc, acc);
-        for (int64_t k0 = 0; k0 < kk; k0 += 32)
-          for (const bf16* bsrc : {b, b_lo}) {
-            if (!bsrc) continue;
-            TileOps::template load<6>(bsrc + (k0 / 2) * ldb + 2 * c0, ldb * 2);
-            if (two_cols) TileOps::template load<7>(bsrc + (k0 / 2) * ldb + 2 * (c0 + 16), ldb * 2);
-            for (const bf16* src : {a, a_lo}) {
-              if (!src) continue;
-              TileOps::template load<4>(src + r0 * lda + k0, lda * 2);
-              if (two_rows) TileOps::template load<5>(src + (r0 + 16) * lda + k0, lda * 2);
-              TileOps::template dot<0, 4, 6>();
-              if (two_cols) TileOps::template dot<1, 4, 7>();
-              if (two_rows) TileOps::template dot<2, 5, 6>();
-              if (two_rows && two_cols) TileOps::template dot<3, 5, 7>();
+        for (int64_t g = 0; g < nseg; ++g)
+          for (int64_t k0 = 0; k0 < kk; k0 += 32)
+            for (const bf16* bsrc : {seg[g].b, seg[g].b_lo}) {
+              if (!bsrc) continue;
+              TileOps::template load<6>(bsrc + (k0 / 2) * ldb + 2 * c0, ldb * 2);
+              if (two_cols) TileOps::template load<7>(bsrc + (k0 / 2) * ldb + 2 * (c0 + 16), ldb * 2);
+              for (const bf16* src : {seg[g].a, seg[g].a_lo}) {
+                if (!src) continue;
+                TileOps::template load<4>(src + r0 * lda + k0, lda * 2);
+                if (two_rows) TileOps::template load<5>(src + (r0 + 16) * lda + k0, lda * 2);
+                TileOps::template dot<0, 4, 6>();
+                if (two_cols) TileOps::template dot<1, 4, 7>();
+                if (two_rows) TileOps::template dot<2, 5, 6>();
+                if (two_rows && two_cols) TileOps::template dot<3, 5, 7>();
+              }
             }
-          }
         store_c<0>(c00, c + r0 * ldc + c0, ldc);
         if (two_cols) store_c<1>(c01, c + r0 * ldc + c0 + 16, ldc);
         if (two_rows) store_c<2>(c10, c + (r0 + 16) * ldc + c0, ldc);
