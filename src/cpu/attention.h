@@ -312,17 +312,26 @@ void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
           if (ib >= ifirst[g] && ib <= ilast[g]) w[g].upcoming(b, h1, i1, rows1, share++, seen);
       }
     }
-    // The key blocks that see this query block: gs .. gs + n - 1 (consecutive: the band's).
+    // The key blocks that see this query block: gs .. gs + n - 1 (consecutive: the band's). Where the
+    // tile math has add() in phases (math_bf16.h), each phase runs for all of them in turn, so that
+    // their products on tiles run together, between the vector passes; each block's own operations
+    // keep their order, so the results are the same bits.
     int64_t gs = -1, n = 0;
     bool masked[kMaxGroup] = {};
+    constexpr bool phased = requires(Backward& bw) { bw.add_scores(b, h, i0, rows, nullptr); };
     for (int64_t g = 0; g < blocks; ++g) {
       if (ib < ifirst[g] || ib > ilast[g]) continue;
       const int64_t jb = first_jb + g, j0 = jb * t.bn, cols = min64(p.seqlen_k, j0 + t.bn) - j0;
       const Mask mask = tile_mask(p.band, i0, j0);
       masked[g] = !p.band.covers(i0, i0 + rows, j0, j0 + cols);
-      w[g].add(b, h, i0, rows, masked[g] ? &mask : nullptr);
+      if constexpr (phased) w[g].add_scores(b, h, i0, rows, masked[g] ? &mask : nullptr);
+      else w[g].add(b, h, i0, rows, masked[g] ? &mask : nullptr);
       if (gs < 0) gs = g;
       ++n;
+    }
+    if constexpr (phased) {
+      for (int64_t g = gs; g < gs + n; ++g) w[g].add_probs(b, h, i0);
+      for (int64_t g = gs; g < gs + n; ++g) w[g].add_grads(b, h, i0);
     }
     if (job.need_dq && n > 0) { // dq [rows][D] += dS K, in key-block order
       int64_t* next = job.dq_next + (b * p.heads_q + h) * job.q_blocks + ib;

@@ -580,25 +580,40 @@ struct MathBf16 {
 
     // A query block of head h: S, P, dV, dP, dS, dK. A partially masked tile, and a block of at most
     // BMicro::kF32Rows rows, take their products with P and dS in f32 (a few rows' bf16 forms would
-    // be mostly the padding of kK), a masked tile's each output row over what it sees.
+    // be mostly the padding of kK), a masked tile's each output row over what it sees. In three
+    // phases, which attention.h runs for all the key blocks that see a query block in turn
+    // (add_scores of each, then add_probs of each, then add_grads of each): the products on tiles in
+    // two runs, the vector passes between them, since each return to the tiles after vector work
+    // costs a ramp of the tile unit (about 0.3 us here: BENCHMARKS.md).
     void add(int64_t b, int64_t h, int64_t i0, int64_t rows, const Mask* mask) {
+      add_scores(b, h, i0, rows, mask);
+      add_probs(b, h, i0);
+      add_grads(b, h, i0);
+    }
+
+    // s [rows][cols] = Q K^T; dp [rows][cols] = dO V^T.
+    void add_scores(int64_t b, int64_t h, int64_t i0, int64_t rows, const Mask* mask) {
       const Dims& z = s_.z;
-      const int64_t bh = b * p_.heads_q + h, row0 = bh * p_.seqlen_q + i0, cols = cols_;
+      const int64_t bh = b * p_.heads_q + h, cols = cols_;
       const QBlock q = q_block(job_, z, bh, i0 / job_.tiles.bm);
       rows_ = rows;
       if (mask) tile_mask_ = *mask;
       masked_ = mask != nullptr;
       f32_products_ = masked_ || rows <= BMicro::kF32Rows;
-      // The products on tiles in two runs, the vector passes between them: each return to the tiles
-      // after vector work costs a fixed ramp of the tile unit (about 0.3 us here: BENCHMARKS.md).
-      // s [rows][cols] = Q K^T; dp [rows][cols] = dO V^T
       BMicro::gemm(rows, cols, z.dkx, q.qa, x_lo(q.qa, z.bmp, z.dkx), a_ld(z.dkx), s_.ktb, z.kt_ld, s_.s, z.s_ld, false,
                    nullptr);
       if (need_ds_)
         BMicro::gemm(rows, cols, z.dvkx, q.doa, x_lo(q.doa, z.bmp, z.dvkx), a_ld(z.dvkx), s_.vtb, z.kt_ld, s_.dp,
                      z.s_ld, false, nullptr);
-      // P = exp2(S * scale * log2(e) - lse2), 0 where masked, with P's split for dV^T in the same pass
-      // where the tile takes its products on tiles
+    }
+
+    // P = exp2(S * scale * log2(e) - lse2), 0 where masked, with P's split for dV^T in the same pass
+    // where the tile takes its products on tiles; dS = P (dP - delta) * scale, with its splits for dQ
+    // and dK^T likewise.
+    void add_probs(int64_t b, int64_t h, int64_t i0) {
+      const Dims& z = s_.z;
+      const int64_t row0 = (b * p_.heads_q + h) * p_.seqlen_q + i0, rows = rows_, cols = cols_;
+      const Mask* mask = masked_ ? &tile_mask_ : nullptr;
       if (!f32_products_ && !transposed_ && (job_.need_dv || job_.need_dk)) { // the first such tile
         if (job_.need_dv) fill(s_.dvt, z.dvn * z.s_ld, 0.0f);
         if (job_.need_dk) fill(s_.dkt, z.dn * z.s_ld, 0.0f);
@@ -608,13 +623,19 @@ struct MathBf16 {
         probs_split(rows, cols, job_.lse2 + row0);
       else
         F::probs(s_.s, z.s_ld, rows, cols, log2_scale(p_), job_.lse2 + row0, mask);
-      if (need_ds_) { // dS = P (dP - delta) * scale, with its splits for dQ and dK^T likewise
+      if (need_ds_) {
         if (!f32_products_)
           dscores_split(rows, cols, job_.delta + row0);
         else
           F::dscores(s_.s, s_.dp, z.s_ld, rows, cols, job_.delta + row0, p_.scale, mask);
       }
-      // dv [cols][Dv] += P^T dO (the bf16 products as dv^T)
+    }
+
+    // dv [cols][Dv] += P^T dO and dk [cols][D] += dS^T Q (the bf16 products as dv^T and dk^T).
+    void add_grads(int64_t b, int64_t h, int64_t i0) {
+      const Dims& z = s_.z;
+      const int64_t bh = b * p_.heads_q + h, rows = rows_, cols = cols_;
+      const QBlock q = q_block(job_, z, bh, i0 / job_.tiles.bm);
       if (job_.need_dv) {
         if (f32_products_) {
           F::load_rows(row_ptr<const T>(p_.dout, b, h, i0), p_.dout.ss, rows, p_.head_dim_v, s_.dof, z.dvn);
@@ -624,7 +645,6 @@ struct MathBf16 {
                        nullptr, b_lo(s_.pb));
         }
       }
-      // dk [cols][D] += dS^T Q (likewise)
       if (job_.need_dk) {
         if (f32_products_) {
           F::load_rows(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, s_.qf, z.dn);
