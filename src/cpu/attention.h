@@ -146,11 +146,30 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
           if (jb >= jfirst[g] && jb <= jlast[g]) f[g].upcoming(b, hk, j0 + t.bn, share++, seen);
       }
     }
-    for (int64_t g = 0; g < blocks; ++g) {
-      if (jb < jfirst[g] || jb > jlast[g]) continue;
-      const int64_t i1 = min64(p.seqlen_q, i0[g] + t.bm);
-      const Mask mask = tile_mask(p.band, i0[g], j0);
-      f[g].add(b, hk, j0, cols, p.band.covers(i0[g], i1, j0, j0 + cols) ? nullptr : &mask, jb == jfirst[g]);
+    // Where the tile math has add() in phases (math_bf16.h), each phase runs for all the query blocks
+    // in turn, so that their products on tiles run together, between the vector passes; each block's
+    // own operations keep their order, so the results are the same bits.
+    if constexpr (requires { f[0].add_scores(b, hk, j0, cols); }) {
+      Mask masks[kMaxGroup];
+      bool sees[kMaxGroup], masked[kMaxGroup];
+      for (int64_t g = 0; g < blocks; ++g) {
+        sees[g] = jb >= jfirst[g] && jb <= jlast[g];
+        if (!sees[g]) continue;
+        masks[g] = tile_mask(p.band, i0[g], j0);
+        masked[g] = !p.band.covers(i0[g], min64(p.seqlen_q, i0[g] + t.bm), j0, j0 + cols);
+        f[g].add_scores(b, hk, j0, cols);
+      }
+      for (int64_t g = 0; g < blocks; ++g)
+        if (sees[g]) f[g].add_softmax(cols, masked[g] ? &masks[g] : nullptr);
+      for (int64_t g = 0; g < blocks; ++g)
+        if (sees[g]) f[g].add_values(b, hk, j0, cols, masked[g] ? &masks[g] : nullptr, jb == jfirst[g]);
+    } else {
+      for (int64_t g = 0; g < blocks; ++g) {
+        if (jb < jfirst[g] || jb > jlast[g]) continue;
+        const int64_t i1 = min64(p.seqlen_q, i0[g] + t.bm);
+        const Mask mask = tile_mask(p.band, i0[g], j0);
+        f[g].add(b, hk, j0, cols, p.band.covers(i0[g], i1, j0, j0 + cols) ? nullptr : &mask, jb == jfirst[g]);
+      }
     }
   }
   for (int64_t g = 0; g < blocks; ++g) {

@@ -280,31 +280,35 @@ struct MathBf16 {
       rows_ = rows;
     }
 
+    // One key block: S, the online softmax, O. In three phases, which attention.h runs for all the
+    // query blocks that see a key block in turn (add_scores of each, then add_softmax of each, then
+    // add_values of each), so that the products on tiles run together between the vector passes:
+    // each return to the tiles after vector work costs a ramp of the tile unit (BENCHMARKS.md).
     void add(int64_t b, int64_t hk, int64_t j0, int64_t cols, const Mask* mask, bool first) {
+      add_scores(b, hk, j0, cols);
+      add_softmax(cols, mask);
+      add_values(b, hk, j0, cols, mask, first);
+    }
+
+    // s [rows][cols] = Q K^T (unscaled).
+    void add_scores(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
       const Dims& z = s_.z;
-      const bf16* ktb = nullptr;
-      if (s_.kv) { // packed here (packs_per_tile), once for the item's query blocks
-        Forward& owner = *kv_owner_;
-        if (owner.kv_j0_ != j0) {
-          pack_kv(p_, z, b, hk, j0, cols, owner.s_.kv);
-          owner.kv_j0_ = j0;
-        }
-        ktb = owner.s_.kv;
-      } else {
-        ktb = kv_block(job_, z, b, hk, j0 / job_.tiles.bn);
-      }
-      const bf16* vb = ktb + z.kt_block();
-      // s [rows][cols] = Q K^T (unscaled)
-      BMicro::gemm(rows_, cols, z.dkx, s_.qa, x_lo(s_.qa, z.bmp, z.dkx), a_ld(z.dkx), ktb, z.kt_ld, s_.s, z.s_ld, false,
-                   nullptr);
-      softmax_rows(cols, mask);
-      // oacc [rows][Dv] = alpha oacc + P V; under a mask in f32, each row over the keys it sees
+      BMicro::gemm(rows_, cols, z.dkx, s_.qa, x_lo(s_.qa, z.bmp, z.dkx), a_ld(z.dkx), key_block(b, hk, j0, cols),
+                   z.kt_ld, s_.s, z.s_ld, false, nullptr);
+    }
+
+    void add_softmax(int64_t cols, const Mask* mask) { softmax_rows(cols, mask); }
+
+    // oacc [rows][Dv] = alpha oacc + P V; under a mask in f32, each row over the keys it sees.
+    void add_values(int64_t b, int64_t hk, int64_t j0, int64_t cols, const Mask* mask, bool first) {
+      const Dims& z = s_.z;
       if (mask) {
         F::load_rows(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, cols, p_.head_dim_v, s_.vf, z.dvn);
         F::gemm_banded(rows_, p_.head_dim_v, cols, s_.s, z.s_ld, 1, s_.vf, z.dvn, s_.oacc, z.o_ld, !first,
                        first || !rescaled_ ? nullptr : s_.alpha, mask->lo, mask->hi);
         return;
       }
+      const bf16* vb = key_block(b, hk, j0, cols) + z.kt_block();
       BMicro::gemm(rows_, p_.head_dim_v, p_k(cols, z.bnk), s_.pa, p_lo(s_.pa_lo), z.pa_ld, vb, z.dv_ld, s_.oacc,
                    z.o_ld, !first, first || !rescaled_ ? nullptr : s_.alpha);
     }
@@ -336,6 +340,18 @@ struct MathBf16 {
     }
 
    private:
+    // The packed K^T of key block j0 (V follows it): packed here where each work item packs its key
+    // blocks (packs_per_tile), once for the item's query blocks, else the call's shared copy.
+    const bf16* key_block(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
+      if (!s_.kv) return kv_block(job_, s_.z, b, hk, j0 / job_.tiles.bn);
+      Forward& owner = *kv_owner_;
+      if (owner.kv_j0_ != j0) {
+        pack_kv(p_, s_.z, b, hk, j0, cols, owner.s_.kv);
+        owner.kv_j0_ = j0;
+      }
+      return owner.s_.kv;
+    }
+
     // One online-softmax step on the rows of s (log2 units after scaling): m, l, alpha updated, and
     // P = exp2(S * scale * log2(e) - m) written to pa + pa_lo (zero beyond cols up to BNk; for f16 hi
     // again at pa + 2 BNk), and under a mask in f32 over s as well. A row that has seen no visible key
