@@ -143,16 +143,20 @@ struct PackBf16 {
   }
 
   // Rows k and k + 1 of P or dS (x and y, 16 columns each) as one row of B's VNNI words (word n holds
-  // x[n] and y[n]), split as split32 splits: 16 words of hi at hi (and at hi + again when again is not
-  // 0), 16 of lo at lo. hi: x's high half shifted down beside y's; lo: both rounded by one cvtne2ps,
-  // then interleaved.
+  // x[n] and y[n]), split as split32 splits but for ties: 16 words of hi at hi (and at hi + again when
+  // again is not 0), 16 of lo at lo. Each word's two halves taken by a shift and a bitwise select,
+  // hi from x and y, lo from their low parts rounded to nearest with ties away from zero (half an
+  // ulp added to the bits; the same bound, |x - hi - lo| <= 2^-15 |x|). Rounding by cvtne2ps and
+  // interleaving by a permutation of words instead: the bf16 backward took 1.02x the time at D = 64
+  // (measured on the Xeon with AMX, side by side, 8 rounds: 0.99 - 1.03x), 1.00x at D = 128.
   static void split_pairs(__m512 x, __m512 y, bf16* hi, bf16* lo, int64_t again = 0) {
-    static const uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                             8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i h = _mm512_ternarylogic_epi32(_mm512_srli_epi32(_mm512_castps_si512(x), 16), _mm512_castps_si512(y),
-                                                _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)), 0xF8); // a | (b & c)
-    const __m512i l = _mm512_permutexvar_epi16(
-        _mm512_loadu_si512(kInterleave), reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(low_part(y), low_part(x))));
+    const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)), half = _mm512_set1_epi32(0x8000);
+    auto words = [&](__m512i a, __m512i b) { // a's high half in the low half, beside b's high half
+      return _mm512_ternarylogic_epi32(_mm512_srli_epi32(a, 16), b, top, 0xF8); // a | (b & c)
+    };
+    const __m512i h = words(_mm512_castps_si512(x), _mm512_castps_si512(y));
+    const __m512i l = words(_mm512_add_epi32(_mm512_castps_si512(low_part(x)), half),
+                            _mm512_add_epi32(_mm512_castps_si512(low_part(y)), half));
     _mm512_storeu_si512(hi, h);
     if (again) _mm512_storeu_si512(hi + again, h);
     _mm512_storeu_si512(lo, l);

@@ -84,14 +84,30 @@ struct PackBf16Portable {
     V512Pairs::storeu(v + 16, x1);
     for (int64_t i = 0; i < n && i < 32; ++i) split(v[i], hi + i, lo + i, again);
   }
-  // Rows k and k + 1 (x, y) as one row of B's VNNI words, split (pack_bf16.h: split_pairs).
+  // Rows k and k + 1 (x, y) as one row of B's VNNI words, split as pack_bf16.h's split_pairs splits:
+  // hi truncated, lo = x - hi rounded to nearest with ties away from zero (half an ulp added to the
+  // bits); hi also at hi + again when again is not 0.
+  static void split_pair(float x, bf16* hi, bf16* lo, int64_t again) {
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    const uint16_t top = static_cast<uint16_t>(u >> 16);
+    std::memcpy(hi, &top, sizeof top);
+    if (again) hi[again] = *hi;
+    u &= 0xFFFF0000u;
+    float h;
+    std::memcpy(&h, &u, sizeof h);
+    const float l = x - h;
+    std::memcpy(&u, &l, sizeof u);
+    const uint16_t rounded = static_cast<uint16_t>((u + 0x8000u) >> 16);
+    std::memcpy(lo, &rounded, sizeof rounded);
+  }
   static void split_pairs(V512Pairs::reg x, V512Pairs::reg y, bf16* hi, bf16* lo, int64_t again = 0) {
     float a[16], b[16];
     V512Pairs::storeu(a, x);
     V512Pairs::storeu(b, y);
     for (int i = 0; i < 16; ++i) {
-      split(a[i], hi + 2 * i, lo + 2 * i, again);
-      split(b[i], hi + 2 * i + 1, lo + 2 * i + 1, again);
+      split_pair(a[i], hi + 2 * i, lo + 2 * i, again);
+      split_pair(b[i], hi + 2 * i + 1, lo + 2 * i + 1, again);
     }
   }
 };
