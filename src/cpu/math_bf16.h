@@ -48,8 +48,8 @@
 //             (f16: and its lo), doat [Dvn][BMt]
 // (Dk = D rounded up to kK, Dn = D rounded up to 16, likewise for Dv, BM, BN; the x forms are the k
 // extents of the concatenated operands: Dkx = 2 Dk, BNkx = 3 BNk for f16, Dk and BNk for bf16; BMt =
-// 3 BMk for f16, BMk for bf16. Every
-// row here and in the scratch below is one cache line longer than shown: Dims, kPad.)
+// 3 BMk for f16, BMk for bf16. Every row here and in the scratch below is one cache line longer than
+// shown: Dims, kPad.)
 #pragma once
 
 #include "cpu/attention.h"
@@ -109,13 +109,13 @@ struct MathBf16 {
         : dk(round_up(p.head_dim, kK)), dn(round_up(p.head_dim, 16)), dvk(round_up(p.head_dim_v, kK)),
           dvn(round_up(p.head_dim_v, 16)), bmp(round_up(t.bm, 16)), bmk(round_up(t.bm, kK)),
           bnp(round_up(t.bn, 16)), bnk(round_up(t.bn, kK)), dkx(kXSegs * dk), dvkx(kXSegs * dvk),
-          bnkx(kPSegs * bnk), bmt(kTSegs * bmk), kt_ld(2 * bnp + kPad), dn_ld(2 * dn + kPad), dv_ld(2 * dvn + kPad),
-          pa_ld(a_ld(bnkx)),
-          t_ld(a_ld(bmt)), s_ld(bnp + kPadF), o_ld(dvn + kPadF), dk_ld(dn + kPadF) {}
+          bnkx(kPSegs * bnk), bmt(kTSegs * bmk), kt_ld(2 * bnp + kPad), dn_ld(2 * dn + kPad),
+          dv_ld(2 * dvn + kPad), pa_ld(a_ld(bnkx)), t_ld(a_ld(bmt)), s_ld(bnp + kPadF), o_ld(dvn + kPadF),
+          dk_ld(dn + kPadF) {}
     // B operands (VNNI pairs of rows): K^T, V^T, and the backward's P, dS [k/2][kt_ld]; K [k/2][dn_ld];
-    // V [k/2][dv_ld]. A operands: Q, dO [BMp][a_ld(kx)]; P, dS [BMp][pa_ld]; Q^T,
-    // dO^T [Dn or Dvn][t_ld]. f32: S, P, dP, dS [BMp][s_ld], dV^T, dK^T [Dvn or Dn][s_ld]; O, dV
-    // [][o_ld]; dK [][dk_ld].
+    // V [k/2][dv_ld]. A operands: Q, dO [BMp][a_ld(kx)]; P, dS [BMp][pa_ld]; Q^T, dO^T [Dn or
+    // Dvn][t_ld]. f32: S, P, dP, dS [BMp][s_ld]; dK^T, dV^T [Dn or Dvn][s_ld]; O, dV [][o_ld]; dK
+    // [][dk_ld].
     // bf16 elements of one key block's packed K^T (V follows it), of K^T and V, of one query block's
     // packed Q, Q^T, dO and dO^T.
     int64_t kt_block() const { return dkx / 2 * kt_ld; }

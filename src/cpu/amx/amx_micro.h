@@ -149,8 +149,9 @@ struct AmxMicro {
   };
 
   // The whole 32 x 32 blocks of C (four tiles each, in place) of the first mf rows and nf columns
-  // (multiples of 32), in rows or columns of blocks (below), straight-line. The tiles are not renamed: a load into a
-  // tile waits for the instructions that read it. So each k step's loads are issued right after the
+  // (multiples of 32), in rows or columns of blocks (below), each over the k steps of every segment in
+  // turn, straight-line. The tiles are not renamed: a load into a tile waits for the instructions that
+  // read it. So each k step's loads are issued right after the
   // last product that reads the tile they overwrite, while the other products run (1.02 - 1.07x the
   // rate of loading at the top of each step), and the blocks are pipelined: in a block's last k step
   // each C tile is stored right after its last product and the next block's C tile (zeroed or
