@@ -24,7 +24,9 @@
 // A Math policy provides: T (storage type), tiles(), *_scratch_bytes() (per thread), *_shared_bytes()
 // and *_prepare() (operands packed once per call, e.g. bf16 tiles; may be empty), dot(), store_row()
 // (an f32 row rounded to T), and the classes Forward {begin, add, finish (into T or f32 rows)} and
-// Backward {begin, add, add_dq, finish}; optionally Forward::share_converted() (blocks of an item read
+// Backward {begin, add, add_dq, finish}, where add may instead come in three phases (Forward
+// {add_scores, add_softmax, add_values}, Backward {add_scores, add_probs, add_grads}: math_bf16.h),
+// which run for all the blocks of an item in turn; optionally Forward::share_converted() (blocks of an item read
 // one worker's per-tile operands), Backward::add_dq_sum() (several workers' add_dq in one product),
 // thread_begin() and thread_end() (KernelSet).
 //
@@ -149,27 +151,25 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
     // Where the tile math has add() in phases (math_bf16.h), each phase runs for all the query blocks
     // in turn, so that their products on tiles run together, between the vector passes; each block's
     // own operations keep their order, so the results are the same bits.
+    Mask masks[kMaxGroup];
+    const Mask* mask[kMaxGroup] = {}; // &masks[g] where the tile is partially masked
+    bool sees[kMaxGroup];
+    for (int64_t g = 0; g < blocks; ++g) {
+      sees[g] = jb >= jfirst[g] && jb <= jlast[g];
+      if (!sees[g]) continue;
+      masks[g] = tile_mask(p.band, i0[g], j0);
+      if (!p.band.covers(i0[g], min64(p.seqlen_q, i0[g] + t.bm), j0, j0 + cols)) mask[g] = &masks[g];
+    }
     if constexpr (requires { f[0].add_scores(b, hk, j0, cols); }) {
-      Mask masks[kMaxGroup];
-      bool sees[kMaxGroup], masked[kMaxGroup];
-      for (int64_t g = 0; g < blocks; ++g) {
-        sees[g] = jb >= jfirst[g] && jb <= jlast[g];
-        if (!sees[g]) continue;
-        masks[g] = tile_mask(p.band, i0[g], j0);
-        masked[g] = !p.band.covers(i0[g], min64(p.seqlen_q, i0[g] + t.bm), j0, j0 + cols);
-        f[g].add_scores(b, hk, j0, cols);
-      }
       for (int64_t g = 0; g < blocks; ++g)
-        if (sees[g]) f[g].add_softmax(cols, masked[g] ? &masks[g] : nullptr);
+        if (sees[g]) f[g].add_scores(b, hk, j0, cols);
       for (int64_t g = 0; g < blocks; ++g)
-        if (sees[g]) f[g].add_values(b, hk, j0, cols, masked[g] ? &masks[g] : nullptr, jb == jfirst[g]);
+        if (sees[g]) f[g].add_softmax(cols, mask[g]);
+      for (int64_t g = 0; g < blocks; ++g)
+        if (sees[g]) f[g].add_values(b, hk, j0, cols, mask[g], jb == jfirst[g]);
     } else {
-      for (int64_t g = 0; g < blocks; ++g) {
-        if (jb < jfirst[g] || jb > jlast[g]) continue;
-        const int64_t i1 = min64(p.seqlen_q, i0[g] + t.bm);
-        const Mask mask = tile_mask(p.band, i0[g], j0);
-        f[g].add(b, hk, j0, cols, p.band.covers(i0[g], i1, j0, j0 + cols) ? nullptr : &mask, jb == jfirst[g]);
-      }
+      for (int64_t g = 0; g < blocks; ++g)
+        if (sees[g]) f[g].add(b, hk, j0, cols, mask[g], jb == jfirst[g]);
     }
   }
   for (int64_t g = 0; g < blocks; ++g) {

@@ -10,6 +10,6 @@ namespace flashback::cpu {
 
 inline constexpr float kExp2Poly[6] = {1.3276472167819943e-3f, 9.6755413310213911e-3f, 5.5507132728753912e-2f,
                                        2.4022119723969178e-1f, 6.9314696706526493e-1f, 1.0f};
-inline constexpr int kExp2Terms = 6;
+inline constexpr int kExp2Terms = static_cast<int>(sizeof kExp2Poly / sizeof kExp2Poly[0]);
 
 } // namespace flashback::cpu

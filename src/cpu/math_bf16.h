@@ -280,16 +280,10 @@ struct MathBf16 {
       rows_ = rows;
     }
 
-    // One key block: S, the online softmax, O. In three phases, which attention.h runs for all the
+    // One key block: S, the online softmax, O, in three phases, which attention.h runs for all the
     // query blocks that see a key block in turn (add_scores of each, then add_softmax of each, then
     // add_values of each), so that the products on tiles run together between the vector passes:
     // each return to the tiles after vector work costs a ramp of the tile unit (BENCHMARKS.md).
-    void add(int64_t b, int64_t hk, int64_t j0, int64_t cols, const Mask* mask, bool first) {
-      add_scores(b, hk, j0, cols);
-      add_softmax(cols, mask);
-      add_values(b, hk, j0, cols, mask, first);
-    }
-
     // s [rows][cols] = Q K^T (unscaled).
     void add_scores(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
       const Dims& z = s_.z;
@@ -515,7 +509,7 @@ struct MathBf16 {
   }
   // Packs query block `item` = (b, h, ib): Q and dO as A operands (k = d), and their transposes as A
   // operands (k = row) for dK^T and dV^T; a block of at most BMicro::kF32Rows rows takes those
-  // products in f32 (Backward::add), so it does not pack the transposes.
+  // products in f32 (Backward::add_scores: f32_products_), so it does not pack the transposes.
   static void backward_prepare(const BackwardJob& job, int64_t item) {
     const core::Problem& p = *job.p;
     const Dims z(p, job.tiles);
@@ -601,12 +595,6 @@ struct MathBf16 {
     // (add_scores of each, then add_probs of each, then add_grads of each): the products on tiles in
     // two runs, the vector passes between them, since each return to the tiles after vector work
     // costs a ramp of the tile unit (about 0.3 us here: BENCHMARKS.md).
-    void add(int64_t b, int64_t h, int64_t i0, int64_t rows, const Mask* mask) {
-      add_scores(b, h, i0, rows, mask);
-      add_probs(b, h, i0);
-      add_grads(b, h, i0);
-    }
-
     // s [rows][cols] = Q K^T; dp [rows][cols] = dO V^T.
     void add_scores(int64_t b, int64_t h, int64_t i0, int64_t rows, const Mask* mask) {
       const Dims& z = s_.z;
@@ -630,11 +618,6 @@ struct MathBf16 {
       const Dims& z = s_.z;
       const int64_t row0 = (b * p_.heads_q + h) * p_.seqlen_q + i0, rows = rows_, cols = cols_;
       const Mask* mask = masked_ ? &tile_mask_ : nullptr;
-      if (!f32_products_ && !transposed_ && (job_.need_dv || job_.need_dk)) { // the first such tile
-        if (job_.need_dv) fill(s_.dvt, z.dvn * z.s_ld, 0.0f);
-        if (job_.need_dk) fill(s_.dkt, z.dn * z.s_ld, 0.0f);
-        transposed_ = true;
-      }
       if (job_.need_dv && !f32_products_)
         probs_split(rows, cols, job_.lse2 + row0);
       else
@@ -652,6 +635,11 @@ struct MathBf16 {
       const Dims& z = s_.z;
       const int64_t bh = b * p_.heads_q + h, rows = rows_, cols = cols_;
       const QBlock q = q_block(job_, z, bh, i0 / job_.tiles.bm);
+      if (!f32_products_ && !transposed_) { // the key block's first tile with bf16 products
+        if (job_.need_dv) fill(s_.dvt, z.dvn * z.s_ld, 0.0f);
+        if (job_.need_dk) fill(s_.dkt, z.dn * z.s_ld, 0.0f);
+        transposed_ = true;
+      }
       if (job_.need_dv) {
         if (f32_products_) {
           F::load_rows(row_ptr<const T>(p_.dout, b, h, i0), p_.dout.ss, rows, p_.head_dim_v, s_.dof, z.dvn);
@@ -674,7 +662,7 @@ struct MathBf16 {
 
     // Share `share` of `shares` of the operands of a query block that comes next (attention.h): its
     // packed Q and dO and its rows of the dQ accumulator, fetched into the cache during the vector
-    // passes of this worker's next add(), where they are not large (Prefetch::kMaxBytes). Measured on
+    // passes of this worker's next add_probs(), where they are not large (Prefetch::kMaxBytes). Measured on
     // the Xeon with AMX (B = 1, Hq = 16, S = 4096): the products of a query block's first key block ran
     // at half the rate of the others before.
     void upcoming(int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t share, int64_t shares) {
@@ -751,7 +739,7 @@ struct MathBf16 {
       }
     }
 
-    // dq [rows][D] += dS K for the last add() (in f32 where its other products were).
+    // dq [rows][D] += dS K for the last query block added (in f32 where its other products were).
     void add_dq(float* dq, int64_t ld) {
       const Dims& z = s_.z;
       if (f32_products_) {
@@ -764,8 +752,8 @@ struct MathBf16 {
                    true, nullptr);
     }
 
-    // dq [rows][D] += dS K of n workers' last add(), one query block against consecutive key blocks
-    // whose tiles are unmasked, in worker order: the sums of their add_dq() one after the other, but
+    // dq [rows][D] += dS K of n workers' last query block against consecutive key blocks whose tiles
+    // are unmasked, in worker order: the sums of their add_dq() one after the other, but
     // in one product over the n key blocks (BMicro::gemm_sum), so that dq is loaded and stored once
     // rather than n times (each key block's k padded to BNk). Measured on the Xeon with AMX (one
     // thread, 128 rows, 4 key blocks of 64): 0.80x the time of four products at D = 128, 0.64x at D =

@@ -63,19 +63,21 @@ struct PackBf16Portable {
     *hi = from_float<bf16>(x);
     *lo = from_float<bf16>(x - to_float(*hi));
   }
-  // P or dS as hi + lo as pack_bf16.h splits them: hi truncated, lo = x - hi rounded to nearest; hi
-  // also at hi + again when again is not 0.
-  static void split(float x, bf16* hi, bf16* lo, int64_t again) {
+  // P or dS's hi part as pack_bf16.h takes it, x truncated to bf16, at hi (and at hi + again when
+  // again is not 0); returns x - hi, exact.
+  static float truncate(float x, bf16* hi, int64_t again) {
     uint32_t u;
     std::memcpy(&u, &x, sizeof u);
     const uint16_t top = static_cast<uint16_t>(u >> 16);
     std::memcpy(hi, &top, sizeof top);
+    if (again) hi[again] = *hi;
     u &= 0xFFFF0000u;
     float h;
     std::memcpy(&h, &u, sizeof h);
-    *lo = from_float<bf16>(x - h);
-    if (again) hi[again] = *hi;
+    return x - h;
   }
+  // P or dS as hi + lo as split32 splits them: lo = x - hi rounded to nearest (even).
+  static void split(float x, bf16* hi, bf16* lo, int64_t again) { *lo = from_float<bf16>(truncate(x, hi, again)); }
   // The first min(n, 32) of x0's lanes and then x1's as hi + lo; hi also at hi + again when again is
   // not 0.
   static void split32(V512Pairs::reg x0, V512Pairs::reg x1, bf16* hi, bf16* lo, int64_t n, int64_t again = 0) {
@@ -84,23 +86,16 @@ struct PackBf16Portable {
     V512Pairs::storeu(v + 16, x1);
     for (int64_t i = 0; i < n && i < 32; ++i) split(v[i], hi + i, lo + i, again);
   }
-  // Rows k and k + 1 (x, y) as one row of B's VNNI words, split as pack_bf16.h's split_pairs splits:
-  // hi truncated, lo = x - hi rounded to nearest with ties away from zero (half an ulp added to the
-  // bits); hi also at hi + again when again is not 0.
+  // P or dS as hi + lo as pack_bf16.h's split_pairs splits them: lo = x - hi rounded to nearest with
+  // ties away from zero (half an ulp added to the bits).
   static void split_pair(float x, bf16* hi, bf16* lo, int64_t again) {
+    const float l = truncate(x, hi, again);
     uint32_t u;
-    std::memcpy(&u, &x, sizeof u);
-    const uint16_t top = static_cast<uint16_t>(u >> 16);
-    std::memcpy(hi, &top, sizeof top);
-    if (again) hi[again] = *hi;
-    u &= 0xFFFF0000u;
-    float h;
-    std::memcpy(&h, &u, sizeof h);
-    const float l = x - h;
     std::memcpy(&u, &l, sizeof u);
     const uint16_t rounded = static_cast<uint16_t>((u + 0x8000u) >> 16);
     std::memcpy(lo, &rounded, sizeof rounded);
   }
+  // Rows k and k + 1 (x, y) as one row of B's VNNI words, split pair by pair.
   static void split_pairs(V512Pairs::reg x, V512Pairs::reg y, bf16* hi, bf16* lo, int64_t again = 0) {
     float a[16], b[16];
     V512Pairs::storeu(a, x);
