@@ -608,6 +608,58 @@ TEST_F(Reliability, NonFiniteInputsAffectOnlyWhatDependsOnThem) {
   }
 }
 
+// An infinity in v or dout reaches the outputs that depend on it as that infinity, where nothing else
+// turns them into NaN: v[j][x] = +-inf makes o[i][x] +-inf for each row i that sees key j (P > 0) and
+// leaves that row's other columns finite; dout[i][x] = +-inf makes dv[j][x] +-inf for each key j that
+// row i sees (P does not depend on dout) and leaves dv[j]'s other columns finite. The poisons of
+// poison_case sit in masked tiles, whose products meet the masked zeros (which the tile math may take
+// without the infinity and then add it back where it belongs).
+TEST_F(Reliability, InfinitiesReachWhatDependsOnThem) {
+  for (fb_dtype dtype : fbtest::level_dtypes()) {
+    const Case c = poison_case(dtype);
+    const ref::Shape& s = c.shape;
+    const int64_t g = s.heads_q / s.heads_kv;
+    const Inputs clean_in = inputs_for(c);
+    for (double value : {kInf, -kInf}) {
+      for (const Poison& p : poisons(c, value)) {
+        const std::string t = p.tensor;
+        if (t != "v" && t != "dout") continue;
+        SCOPED_TRACE(c.describe() + " with " + p.describe() + "; " + fbtest::seed_note());
+        Inputs in = fbtest::copy_of(c, clean_in);
+        apply(in, p);
+        const Outputs out = run(c, in);
+        // The rows of o that see the poisoned key (its kv head's query heads), or the rows of dv of
+        // the keys that the poisoned row sees.
+        const std::vector<double> o = out.o.read(), dv = out.dv.read();
+        int64_t checked = 0;
+        auto expect_row = [&](const std::vector<double>& a, const char* what, int64_t row, int64_t width) {
+          for (int64_t x = 0; x < width; ++x) {
+            const double e = a[row * width + x];
+            if (x == p.x) {
+              EXPECT_EQ(e, value) << what << " row " << row << " column " << x;
+            } else {
+              EXPECT_TRUE(std::isfinite(e)) << what << " row " << row << " column " << x << " = " << e;
+            }
+          }
+          ++checked;
+        };
+        if (t == "v") {
+          for (int64_t h = p.h * g; h < (p.h + 1) * g; ++h)
+            for (int64_t i = 0; i < s.seqlen_q; ++i)
+              if (ref::visible(s, c.opt, i, p.row))
+                expect_row(o, "o", (p.b * s.heads_q + h) * s.seqlen_q + i, s.head_dim_v);
+        } else {
+          for (int64_t j = 0; j < s.seqlen_k; ++j)
+            if (ref::visible(s, c.opt, p.row, j))
+              expect_row(dv, "dv", (p.b * s.heads_kv + p.h / g) * s.seqlen_k + j, s.head_dim_v);
+        }
+        EXPECT_GT(checked, 0);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
 // =====================================================================================================
 // 64-bit offsets
 // =====================================================================================================

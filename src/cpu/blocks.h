@@ -41,6 +41,7 @@ inline void fill(float* p, int64_t n, float value) {
 // The element mask of one tile: local row r, column c is visible iff lo <= c - r <= hi.
 struct Mask {
   int32_t lo, hi;
+  bool shows(int64_t r, int64_t c) const { return lo <= c - r && c - r <= hi; }
 };
 
 inline Mask tile_mask(const core::Band& band, int64_t i0, int64_t j0) {

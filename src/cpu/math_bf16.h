@@ -25,11 +25,16 @@
 // That is 2.3x the bf16 products of the forward (7 k-blocks of products for 3) and 2.1x of the backward
 // (17 for 8): on AMX still faster than f16 converted to f32 (README, BENCHMARKS.md).
 //
-// Partially masked tiles (the diagonal band of a causal or windowed mask) take their products with P and
-// dS in f32 instead, each row summing only the keys it sees (gemm_banded, blocks.h), so that a NaN or Inf
-// input behind a masked zero never reaches a row that does not see it; they are a small fraction of the
-// tiles. So do the backward's query blocks of a few rows (BMicro::kF32Rows), whose bf16 forms of P and
-// dS would be mostly padding.
+// Partially masked tiles (the diagonal band of a causal or windowed mask) take their products on tiles
+// as the others do, with P and dS 0 where masked. A NaN or an infinity in an operand of those products
+// would meet the masked zeros (0 * inf is NaN) and reach rows that do not see it: such products take a
+// copy of the operand with those values zeroed (finite_copy) and add them back, in f32, to the outputs
+// of the rows and keys that see them, so that the other outputs get the same bits as without them
+// (RELIABILITY.md: non-finite inputs). Before, masked tiles took their products in f32, each row over
+// the keys it sees: the tiles took 0.95x / 0.94x the time of that (forward / backward) of causal bf16
+// at S = 4096, D = 128, 0.81x / 0.77x at S = 512 and 0.74x / 0.66x with a window of 256 (BENCHMARKS.md).
+// f16's masked tiles (their operands in parts) still do, and so do the backward's query blocks of a few
+// rows (BMicro::kF32Rows), whose bf16 forms of P and dS would be mostly padding.
 //
 // BMicro provides: isa, tiles(), kK (the k granule: operands are zero-padded to it), kF32Rows (the
 // backward's query blocks of at most this many rows take their products with P and dS in f32),
@@ -177,6 +182,17 @@ struct MathBf16 {
   static int64_t again_of(int64_t k1) { return kExact ? 2 * k1 : 0; }
   static int64_t p_k(int64_t n, int64_t k1) { return kExact ? kPSegs * k1 : round_up(n, kK); }
   static const bf16* p_lo(const bf16* lo) { return kExact ? nullptr : lo; }
+  // The n packed bf16 at src, copied to dst with each NaN and infinity replaced by 0: the operand of a
+  // masked tile's product that meets its zeros (0 * inf is NaN).
+  static const bf16* finite_copy(const bf16* src, int64_t n, bf16* dst) {
+    for (int64_t i = 0; i < n; ++i) dst[i].bits = (src[i].bits & 0x7F80u) == 0x7F80u ? uint16_t{0} : src[i].bits;
+    return dst;
+  }
+  // Floats of an f32 scratch that for bf16 also holds a finite_copy of `packed` bf16 (it always does
+  // with the tiles of choose_tiles: the f32 form is the larger).
+  static int64_t copy_room(int64_t floats, int64_t packed) {
+    return kExact || 2 * floats >= packed ? floats : (packed + 1) / 2;
+  }
   // p + n, where p may be null (a scratch layout only measured: carved_bytes).
   static bf16* past(bf16* p, int64_t n) { return p ? p + n : nullptr; }
 
@@ -246,8 +262,8 @@ struct MathBf16 {
 
   // Per-thread scratch of the forward: qa x_block(Dkx) bf16, s [BMp][BNp] f32, pa [BMp][BNkx] and for
   // bf16 pa_lo [BMp][BNk] (P as hi + lo; for f16 pa_lo = pa + BNk), oacc [BMp][Dvn] f32, m, l, alpha
-  // [BMp] f32, vf [BN][Dvn] f32 (V of a masked tile), and only where K and V are packed per tile
-  // (packs_per_tile), kv: kv_block() bf16.
+  // [BMp] f32, vf [BN][Dvn] f32 (V of a masked tile for f16; for bf16 room for a packed V block,
+  // finite_copy), and only where K and V are packed per tile (packs_per_tile), kv: kv_block() bf16.
   struct ForwardScratch {
     Dims z;
     bf16 *qa, *pa, *pa_lo, *kv;
@@ -262,7 +278,7 @@ struct MathBf16 {
       m = c.floats(z.bmp);
       l = c.floats(z.bmp);
       alpha = c.floats(z.bmp);
-      vf = c.floats(t.bn * z.dvn);
+      vf = c.floats(copy_room(t.bn * z.dvn, z.bnkx / 2 * z.dv_ld));
       kv = packs_per_tile(p, t) ? c.take<bf16>(z.kv_block()) : nullptr;
       if (bytes) *bytes = c.used;
     }
@@ -291,20 +307,32 @@ struct MathBf16 {
                    z.kt_ld, s_.s, z.s_ld, false, nullptr);
     }
 
-    void add_softmax(int64_t cols, const Mask* mask) { softmax_rows(cols, mask); }
+    // A partially masked tile's P goes to the tiles as an unmasked one's does, 0 where masked (for f16,
+    // whose operands come in parts, P V runs in f32 instead, each row over the keys it sees).
+    void add_softmax(int64_t cols, const Mask* mask) {
+      p_f32_ = mask && kExact;
+      softmax_rows(cols, mask);
+    }
 
-    // oacc [rows][Dv] = alpha oacc + P V; under a mask in f32, each row over the keys it sees.
+    // oacc [rows][Dv] = alpha oacc + P V; for P in f32 (add_softmax), each row over the keys it sees.
+    // A masked tile's zeros meet every value of V, and 0 * inf is NaN, which would reach rows that do
+    // not see the key (RELIABILITY.md: non-finite inputs): where V holds a NaN or an infinity the product
+    // takes a copy of it with those values zeroed, and add_nonfinite_values() adds them to the rows that
+    // see them. The other rows get the same bits as without them.
     void add_values(int64_t b, int64_t hk, int64_t j0, int64_t cols, const Mask* mask, bool first) {
       const Dims& z = s_.z;
-      if (mask) {
+      if (p_f32_) {
         F::load_rows(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, cols, p_.head_dim_v, s_.vf, z.dvn);
         F::gemm_banded(rows_, p_.head_dim_v, cols, s_.s, z.s_ld, 1, s_.vf, z.dvn, s_.oacc, z.o_ld, !first,
                        first || !rescaled_ ? nullptr : s_.alpha, mask->lo, mask->hi);
         return;
       }
       const bf16* vb = key_block(b, hk, j0, cols) + z.kt_block();
+      const bool zeroed = mask && !values_finite(b, hk, j0, cols);
+      if (zeroed) vb = finite_copy(vb, z.bnkx / 2 * z.dv_ld, reinterpret_cast<bf16*>(s_.vf));
       BMicro::gemm(rows_, p_.head_dim_v, p_k(cols, z.bnk), s_.pa, p_lo(s_.pa_lo), z.pa_ld, vb, z.dv_ld, s_.oacc,
                    z.o_ld, !first, first || !rescaled_ ? nullptr : s_.alpha);
+      if (zeroed) add_nonfinite_values(row_ptr<const T>(p_.v, b, hk, j0), cols, *mask);
     }
 
     // Share `share` of `shares` of the packed K^T and V of a key block that comes next (attention.h),
@@ -346,10 +374,34 @@ struct MathBf16 {
       return owner.s_.kv;
     }
 
+    // oacc [r][c] += P [r][j] V [j][c] for each non-finite V [j][c] (of the `cols` rows at v) and each
+    // row r that sees key j under the tile's mask: what add_values' product left out.
+    void add_nonfinite_values(const T* v, int64_t cols, const Mask& mask) {
+      const Dims& z = s_.z;
+      for (int64_t j = 0; j < cols; ++j)
+        for (int64_t c = 0; c < p_.head_dim_v; ++c) {
+          const float x = to_float(v[j * p_.v.ss + c]);
+          if (__builtin_isfinite(x)) continue;
+          for (int64_t r = 0; r < rows_; ++r)
+            if (mask.shows(r, j))
+              s_.oacc[r * z.o_ld + c] += (to_float(s_.pa[r * z.pa_ld + j]) + to_float(s_.pa_lo[r * z.pa_ld + j])) * x;
+        }
+    }
+
+    // Whether V of key block j0 is finite, found once per key block for the work item's query blocks.
+    bool values_finite(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
+      Forward& owner = *kv_owner_;
+      if (owner.finite_j0_ != j0) {
+        owner.finite_ = F::all_finite(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, cols, p_.head_dim_v);
+        owner.finite_j0_ = j0;
+      }
+      return owner.finite_;
+    }
+
     // One online-softmax step on the rows of s (log2 units after scaling): m, l, alpha updated, and
-    // P = exp2(S * scale * log2(e) - m) written to pa + pa_lo (zero beyond cols up to BNk; for f16 hi
-    // again at pa + 2 BNk), and under a mask in f32 over s as well. A row that has seen no visible key
-    // yet keeps m = -inf and gets P = 0. The rows of a whole key block (the most of them) go through
+    // P = exp2(S * scale * log2(e) - m) written to pa + pa_lo (zero beyond cols up to BNk and where
+    // masked; for f16 hi again at pa + 2 BNk), or in f32 over s (p_f32_). A row that has seen no
+    // visible key yet keeps m = -inf and gets P = 0. The rows of a whole key block (the most of them) go through
     // softmax_whole several at a time (four of 128 keys, two of 256); the others (the last key block,
     // masked tiles) one at a time.
     void softmax_rows(int64_t cols, const Mask* mask) {
@@ -460,7 +512,7 @@ struct MathBf16 {
                          V::zero());
       };
       typename V::reg sum = V::zero();
-      if (!mask) { // P as hi + lo, 32 keys at a time
+      if (!p_f32_) { // P as hi + lo, 32 keys at a time
         for (int64_t c0 = 0; c0 < z.bnk; c0 += 32) {
           const typename V::reg p0 = prob(c0), p1 = prob(c0 + 16);
           sum = V::add(sum, V::add(p0, p1));
@@ -481,9 +533,12 @@ struct MathBf16 {
     ForwardScratch s_;
     int64_t rows_ = 0;
     bool rescaled_ = false; // the last softmax_rows moved some row's reference (alpha != 1)
+    bool p_f32_ = false;    // the tile's P in f32 over s, for a P V in f32 (add_softmax)
     Prefetch prefetch_;
     Forward* kv_owner_ = this; // whose kv holds the packed key block (share_converted)
     int64_t kv_j0_ = -1;       // the first key of the block packed into this one's kv
+    int64_t finite_j0_ = -1;   // the first key of the block whose V values_finite() looked at last
+    bool finite_ = false;      // and what it found
   };
 
   // --- Backward ------------------------------------------------------------------------------------
@@ -553,9 +608,9 @@ struct MathBf16 {
       dv = c.floats(z.bnp * z.o_ld);
       dkt = c.floats(z.dn * z.s_ld);
       dvt = c.floats(z.dvn * z.s_ld);
-      kf = c.floats(t.bn * z.dn);
-      qf = c.floats(t.bm * z.dn);
-      dof = c.floats(t.bm * z.dvn);
+      kf = c.floats(copy_room(t.bn * z.dn, z.bnkx / 2 * z.dn_ld));
+      qf = c.floats(copy_room(t.bm * z.dn, z.dn * z.t_ld));
+      dof = c.floats(copy_room(t.bm * z.dvn, z.dvn * z.t_ld));
       if (bytes) *bytes = c.used;
     }
   };
@@ -572,6 +627,7 @@ struct MathBf16 {
       cols_ = cols;
       k_ = k;
       kf_ready_ = false;
+      keys_finite_ = -1;
       need_ds_ = job_.need_dk || job_.need_dq;
       pack_y_bt(k, p_.k.ss, cols, p_.head_dim, s_.ktb, z.kt_ld, z.dk, z.bnp);
       if (need_ds_) pack_y_bt(v, p_.v.ss, cols, p_.head_dim_v, s_.vtb, z.kt_ld, z.dvk, z.bnp);
@@ -588,9 +644,12 @@ struct MathBf16 {
       tile_product<F>(masked_ ? &tile_mask_ : nullptr, keys_are_k, m, n, kk, a, ars, aks, b, ldb, c, ldc);
     }
 
-    // A query block of head h: S, P, dV, dP, dS, dK. A partially masked tile, and a block of at most
-    // BMicro::kF32Rows rows, take their products with P and dS in f32 (a few rows' bf16 forms would
-    // be mostly the padding of kK), a masked tile's each output row over what it sees. In three
+    // A query block of head h: S, P, dV, dP, dS, dK. A block of at most BMicro::kF32Rows rows takes
+    // its products with P and dS in f32 (a few rows' bf16 forms would be mostly the padding of kK), and
+    // so does a partially masked tile for f16 (whose operands come in parts), each output row over
+    // what it sees; other masked tiles go to the tiles as unmasked ones do, P and dS 0 where masked,
+    // their products with operands that hold a NaN or an infinity on copies without them (zeroed_,
+    // add_grads, add_dq). In three
     // phases, which attention.h runs for all the key blocks that see a query block in turn
     // (add_scores of each, then add_probs of each, then add_grads of each): the products on tiles in
     // two runs, the vector passes between them, since each return to the tiles after vector work
@@ -603,7 +662,7 @@ struct MathBf16 {
       rows_ = rows;
       if (mask) tile_mask_ = *mask;
       masked_ = mask != nullptr;
-      f32_products_ = masked_ || rows <= BMicro::kF32Rows;
+      f32_products_ = rows <= BMicro::kF32Rows || (masked_ && kExact);
       BMicro::gemm(rows, cols, z.dkx, q.qa, x_lo(q.qa, z.bmp, z.dkx), a_ld(z.dkx), s_.ktb, z.kt_ld, s_.s, z.s_ld, false,
                    nullptr);
       if (need_ds_)
@@ -618,6 +677,8 @@ struct MathBf16 {
       const Dims& z = s_.z;
       const int64_t row0 = (b * p_.heads_q + h) * p_.seqlen_q + i0, rows = rows_, cols = cols_;
       const Mask* mask = masked_ ? &tile_mask_ : nullptr;
+      delta_ = job_.delta + row0;
+      zeroed_ = masked_ && !f32_products_ ? zeroed(b, h, i0) : Zeroed{}; // before P overwrites S
       if (job_.need_dv && !f32_products_)
         probs_split(rows, cols, job_.lse2 + row0);
       else
@@ -645,8 +706,12 @@ struct MathBf16 {
           F::load_rows(row_ptr<const T>(p_.dout, b, h, i0), p_.dout.ss, rows, p_.head_dim_v, s_.dof, z.dvn);
           product_f32(cols, p_.head_dim_v, rows, s_.s, 1, z.s_ld, s_.dof, z.dvn, s_.dv, z.o_ld, false);
         } else { // dv^T [Dv][cols] += dO^T P, P split by probs_split
-          BMicro::gemm(p_.head_dim_v, cols, z.bmt, q.doat, nullptr, z.t_ld, s_.pb, z.kt_ld, s_.dvt, z.s_ld, true,
-                       nullptr, b_lo(s_.pb));
+          const bf16* a = zeroed_.dout ? finite_copy(q.doat, z.dvn * z.t_ld, as_bf16(s_.dof)) : q.doat;
+          BMicro::gemm(p_.head_dim_v, cols, z.bmt, a, nullptr, z.t_ld, s_.pb, z.kt_ld, s_.dvt, z.s_ld, true, nullptr,
+                       b_lo(s_.pb));
+          if (zeroed_.dout)
+            add_nonfinite_t(row_ptr<const T>(p_.dout, b, h, i0), p_.dout.ss, p_.head_dim_v, s_.dvt,
+                            [&](int64_t r, int64_t j) { return s_.s[r * z.s_ld + j]; });
         }
       }
       if (job_.need_dk) {
@@ -654,8 +719,12 @@ struct MathBf16 {
           F::load_rows(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows, p_.head_dim, s_.qf, z.dn);
           product_f32(cols, p_.head_dim, rows, s_.dp, 1, z.s_ld, s_.qf, z.dn, s_.dk, z.dk_ld, false);
         } else { // dk^T [D][cols] += Q^T dS
-          BMicro::gemm(p_.head_dim, cols, z.bmt, q.qat, nullptr, z.t_ld, s_.dsb, z.kt_ld, s_.dkt, z.s_ld, true,
-                       nullptr, b_lo(s_.dsb));
+          const bf16* a = zeroed_.q ? finite_copy(q.qat, z.dn * z.t_ld, as_bf16(s_.qf)) : q.qat;
+          BMicro::gemm(p_.head_dim, cols, z.bmt, a, nullptr, z.t_ld, s_.dsb, z.kt_ld, s_.dkt, z.s_ld, true, nullptr,
+                       b_lo(s_.dsb));
+          if (zeroed_.q)
+            add_nonfinite_t(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, p_.head_dim, s_.dkt,
+                            [&](int64_t r, int64_t j) { return dscore(r, j); });
         }
       }
     }
@@ -681,7 +750,7 @@ struct MathBf16 {
       f.share_of(total, share, shares);
     }
 
-    // P = exp2(S * scale * log2(e) - lse2) of an unmasked tile (as F::probs) into s, and P as the B
+    // P = exp2(S * scale * log2(e) - lse2) of a tile (as F::probs, 0 where masked) into s, and P as the B
     // side of dV^T = dO^T P, hi + lo (as Pack::split_pairs: VNNI words of rows k and k + 1, zeros
     // beyond rows and cols), in the same pass: s is read once.
     void probs_split(int64_t rows, int64_t cols, const float* lse2) {
@@ -693,7 +762,7 @@ struct MathBf16 {
         const int n = static_cast<int>(min64(16, cols - c0));
         float* at = s_.s + r * z.s_ld + c0;
         typename V::reg pr = F::prob(V::load(at, n), mul, V::set1(lse2[r]));
-        if (n < 16) pr = V::select(V::in_band(0, 1, 0, n - 1), pr, V::zero()); // no keys past cols
+        if (n < 16 || masked_) pr = V::select(shown(r, c0), pr, V::zero()); // no keys past cols or masked
         V::store(at, pr, n);
         return pr;
       };
@@ -705,7 +774,7 @@ struct MathBf16 {
       }
     }
 
-    // dS = P (dP - delta) * scale of an unmasked tile (as F::dscores), in one pass over P and dP: as
+    // dS = P (dP - delta) * scale of a tile (as F::dscores, 0 where masked), in one pass over P and dP: as
     // dQ's A operand, hi + lo [BMp][BNk] (zeros beyond rows and cols), and as the B side of dK^T = Q^T
     // dS, as probs_split splits P.
     void dscores_split(int64_t rows, int64_t cols, const float* delta) {
@@ -720,7 +789,9 @@ struct MathBf16 {
         auto ds = [&](int64_t row, typename V::reg dl, int64_t c0) {
           if (row >= rows || c0 >= cols) return V::zero();
           const int n = static_cast<int>(min64(16, cols - c0));
-          return F::dscore(V::load(s_.s + row * z.s_ld + c0, n), V::load(s_.dp + row * z.s_ld + c0, n), dl, vs);
+          const typename V::reg d =
+              F::dscore(V::load(s_.s + row * z.s_ld + c0, n), V::load(s_.dp + row * z.s_ld + c0, n), dl, vs);
+          return masked_ ? V::select(shown(row, c0), d, V::zero()) : d; // dP may be NaN where masked
         };
         bf16* hi = s_.dsb + r / 2 * z.kt_ld;
         for (int64_t c0 = 0; c0 < z.bnk; c0 += 32) {
@@ -748,8 +819,21 @@ struct MathBf16 {
         product_f32(rows_, p_.head_dim, cols_, s_.dp, z.s_ld, 1, s_.kf, z.dn, dq, ld, true);
         return;
       }
-      BMicro::gemm(rows_, p_.head_dim, p_k(cols_, z.bnk), s_.dsa, p_lo(s_.dsa_lo), z.pa_ld, s_.kb, z.dn_ld, dq, ld,
-                   true, nullptr);
+      const bf16* kb = s_.kb;
+      if (zeroed_.k) {
+        kb = finite_copy(s_.kb, z.bnkx / 2 * z.dn_ld, as_bf16(s_.kf));
+        kf_ready_ = false;
+      }
+      BMicro::gemm(rows_, p_.head_dim, p_k(cols_, z.bnk), s_.dsa, p_lo(s_.dsa_lo), z.pa_ld, kb, z.dn_ld, dq, ld, true,
+                   nullptr);
+      if (!zeroed_.k) return;
+      for (int64_t j = 0; j < cols_; ++j) // what the product on the zeroed copy of K left out
+        for (int64_t c = 0; c < p_.head_dim; ++c) {
+          const float x = to_float(k_[j * p_.k.ss + c]);
+          if (__builtin_isfinite(x)) continue;
+          for (int64_t r = 0; r < rows_; ++r)
+            if (tile_mask_.shows(r, j)) dq[r * ld + c] += dscore(r, j) * x;
+        }
     }
 
     // dq [rows][D] += dS K of n workers' last query block against consecutive key blocks whose tiles
@@ -787,6 +871,57 @@ struct MathBf16 {
     }
 
    private:
+    // The operands of a masked tile's products with P and dS (whose masked entries are 0) that hold a
+    // NaN or an infinity: 0 * inf is NaN, which would reach outputs that do not depend on it
+    // (RELIABILITY.md: non-finite inputs). Those products take copies with such values zeroed
+    // (finite_copy, into the scratch of the f32 products), and what they left out is added to the
+    // outputs whose rows and keys the mask shows; the others get the same bits as without them: Q and
+    // dO of query block i0 of head h (dK^T = Q^T dS, dV^T = dO^T P), K of the key block (dQ = dS K).
+    // S = Q K^T and dP = dO V^T meet them too (their masked lanes are dropped), and each of their
+    // entries is NaN or infinite where a row of Q or dO or a row of K is not finite: a finite tile of S
+    // clears Q and K, a finite dP clears dO, for a pass over the tile rather than over the inputs.
+    struct Zeroed {
+      bool q = false, dout = false, k = false;
+    };
+    Zeroed zeroed(int64_t b, int64_t h, int64_t i0) {
+      const Dims& z = s_.z;
+      const bool s_finite = F::all_finite(s_.s, z.s_ld, rows_, cols_);
+      const bool dp_finite = need_ds_ && F::all_finite(s_.dp, z.s_ld, rows_, cols_);
+      if (job_.need_dq && !s_finite && keys_finite_ < 0) keys_finite_ = F::all_finite(k_, p_.k.ss, cols_, p_.head_dim);
+      Zeroed zr;
+      zr.k = job_.need_dq && !s_finite && keys_finite_ == 0;
+      zr.q = job_.need_dk && !s_finite &&
+             !F::all_finite(row_ptr<const T>(p_.q, b, h, i0), p_.q.ss, rows_, p_.head_dim);
+      zr.dout = job_.need_dv && !dp_finite &&
+                !F::all_finite(row_ptr<const T>(p_.dout, b, h, i0), p_.dout.ss, rows_, p_.head_dim_v);
+      return zr;
+    }
+    static bf16* as_bf16(float* scratch) { return reinterpret_cast<bf16*>(scratch); }
+    // dS [r][j] of the tile, as F::dscore computes it (from P in s and dP in dp).
+    float dscore(int64_t r, int64_t j) const {
+      const int64_t at = r * s_.z.s_ld + j;
+      return s_.s[at] * (s_.dp[at] - delta_[r]) * p_.scale;
+    }
+    // acc [c][j] (transposed, rows s_ld apart) += w(r, j) x [r][c] for each non-finite x [r][c] (the
+    // tile's rows of x at src) and each key j that row r sees: what a product on a zeroed copy left out.
+    template <class W>
+    void add_nonfinite_t(const T* x, int64_t ldx, int64_t width, float* acc, W&& w) const {
+      for (int64_t r = 0; r < rows_; ++r)
+        for (int64_t c = 0; c < width; ++c) {
+          const float v = to_float(x[r * ldx + c]);
+          if (__builtin_isfinite(v)) continue;
+          for (int64_t j = 0; j < cols_; ++j)
+            if (tile_mask_.shows(r, j)) acc[c * s_.z.s_ld + j] += w(r, j) * v;
+        }
+    }
+
+    // The lanes of row r from column c0 that lie before cols_ and that the tile's mask (if any) shows.
+    typename V::mask shown(int64_t r, int64_t c0) const {
+      const int32_t lo = masked_ ? tile_mask_.lo : INT32_MIN;
+      const int32_t hi = static_cast<int32_t>(masked_ ? min64(tile_mask_.hi, cols_ - 1 - r) : cols_ - 1 - r);
+      return V::in_band(static_cast<int32_t>(c0 - r), 1, lo, hi);
+    }
+
     // For bf16 the lo segment of P or dS as B (pb, dsb) as the products' B_lo; for f16 none (its
     // segments are stacked along k).
     const bf16* b_lo(const bf16* hi) const { return kExact ? nullptr : hi + s_.z.bmk / 2 * s_.z.kt_ld; }
@@ -811,6 +946,9 @@ struct MathBf16 {
     bool need_ds_ = false, masked_ = false, f32_products_ = false, kf_ready_ = false;
     bool transposed_ = false; // dkt and dvt hold sums (zeroed at the key block's first bf16 tile)
     int64_t cols_ = 0, rows_ = 0;
+    int keys_finite_ = -1; // whether K of the key block is finite: -1 not looked at yet (zeroed)
+    Zeroed zeroed_;        // of the last tile (add_probs)
+    const float* delta_ = nullptr; // delta of the last tile's rows (add_probs)
     const T* k_ = nullptr;
     Mask tile_mask_{};
     Prefetch prefetch_;

@@ -197,6 +197,17 @@ struct MicroF32 {
         V::storeu(dst + r * ldd + c0, V::load(src + r * lds + c0, static_cast<int>(min64(L, cols - c0))));
   }
 
+  // Whether src[r][c] is finite for every r < rows, c < cols: a sum of x * 0, which stays 0 unless some
+  // x is NaN or infinite (x * 0 is NaN then).
+  template <class T>
+  static bool all_finite(const T* src, int64_t lds, int64_t rows, int64_t cols) {
+    R acc = V::zero();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c0 = 0; c0 < cols; c0 += L)
+        acc = V::fma(V::load(src + r * lds + c0, static_cast<int>(min64(L, cols - c0))), V::zero(), acc);
+    return V::reduce_add(acc) == 0.0f;
+  }
+
   // --- Softmax pieces ------------------------------------------------------------------------------
   // One online-softmax step on S^T [cols][ld], rows in lanes; see ScalarMicro::softmax_t.
   static void softmax_t(float* st, int64_t ld, int64_t rows, int64_t cols, float mul, const Mask* mask, float* m,
