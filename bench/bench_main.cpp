@@ -31,7 +31,8 @@ struct Case {
 };
 
 // Issue 3's shapes: the targets (B=1, Hq=Hk=16, S=4096), causal, the scaling step to 8192, and a
-// small-problem shape. Issue 4's: bf16 and f16 at the target shape.
+// small-problem shape. Issue 4's: bf16 and f16 at the target shape, and bf16 causal (how training
+// runs it; not a target).
 const Case kCases[] = {
     {"B1_H16_S4096_D128", 1, 16, 4096, 128, false, true},
     {"B1_H16_S4096_D64", 1, 16, 4096, 64, false, true},
@@ -43,6 +44,8 @@ const Case kCases[] = {
     {"B8_H16_S512_D64", 8, 16, 512, 64, false, true},
     {"B1_H16_S4096_D128_bf16", 1, 16, 4096, 128, false, false, flashback::DType::bf16},
     {"B1_H16_S4096_D64_bf16", 1, 16, 4096, 64, false, false, flashback::DType::bf16},
+    {"B1_H16_S4096_D128_bf16_causal", 1, 16, 4096, 128, true, false, flashback::DType::bf16},
+    {"B1_H16_S4096_D64_bf16_causal", 1, 16, 4096, 64, true, false, flashback::DType::bf16},
     {"B1_H16_S4096_D128_f16", 1, 16, 4096, 128, false, false, flashback::DType::f16},
     {"B1_H16_S4096_D64_f16", 1, 16, 4096, 64, false, false, flashback::DType::f16},
     // Rows 16 bytes past a cache line, as numpy's and malloc's allocations give: what input that is not

@@ -194,6 +194,10 @@ def main():
                   lambda v: v <= 0.55, "{:.3f}")
             check(f"{p} D={d} S=8192 time / S=4096 in [3.6, 4.4]",
                   ratio(f"flashback/{p}/B1_H16_S8192_D{d}", f"flashback/{p}/{base}"), lambda v: 3.6 <= v <= 4.4, "{:.2f}")
+        for p in ("forward", "backward"):
+            r = ratio(f"flashback/{p}/{base}_bf16_causal", f"flashback/{p}/{base}_bf16")
+            if r:
+                print(f"| (not a target) bf16 {p} D={d} causal time / non-causal | {r:.3f} | |")
         r = ratio(f"flashback/forward/{base}_shift4", f"flashback/forward/{base}")
         if r:
             print(f"| (not a target) D={d} rows 16 bytes off cache lines / aligned, forward | {r:.2f}x | |")
