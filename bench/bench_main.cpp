@@ -97,15 +97,19 @@ void set_counters(benchmark::State& state, double flop) {
   state.counters["threads"] = threads();
 }
 
-// Times `run` (one repetition), with the FMA ceiling measured for 0.3 s right before it: the guest's
+// Times `run` (one repetition), with the FMA ceiling measured for 0.3 s just before: the guest's
 // speed moves by up to 1.4x within minutes (the host's other tenants), so report.py divides each
 // repetition's rate by the ceiling of the same moment rather than by one probe minutes away.
 // Where the library runs the case on AMX, the TDPBF16PS ceiling too (`amx`): its rate moves independently
 // of the FMA probe's on these guests (1.1 - 2.8 TFLOP/s per core within minutes).
+// The probes come before the warm-up run (`warm_up`), which stands between them and the timed run: a
+// run right after them is slower (the Xeon with AMX, bf16 backward at B = 1, Hq = 16, S = 4096, D =
+// 128: 232 - 233 ms against 223 - 225 ms without the probes, two runs of 5 repetitions each).
 template <class Run>
-void timed(benchmark::State& state, Run&& run, bool amx = false) {
+void timed(benchmark::State& state, Run&& run, bool amx = false, bool warm_up = true) {
   const double ceiling = fma_ceiling_flops(threads(), 0.3);
   const double amx_ceiling = amx ? amx_ceiling_flops(threads(), 0.3) : 0;
+  if (warm_up) run();
   for (auto _ : state) run();
   state.counters["adjacent_ceiling_flops"] = ceiling;
   if (amx) state.counters["adjacent_amx_ceiling_flops"] = amx_ceiling;
@@ -145,7 +149,6 @@ void flashback_forward(benchmark::State& state, const Case& c) {
   const auto lse = flashback::TensorView::rows(t.lse.data(), c.batch, c.heads, c.seqlen);
   Space ws(flashback::forward_workspace_size(view(c, t.q), view(c, t.k), view(c, t.v), view(c, t.o), lse, p));
   auto run = [&] { flashback::forward(view(c, t.q), view(c, t.k), view(c, t.v), view(c, t.o), lse, p, ws.get()); };
-  run(); // warm-up
   timed(state, run, on_amx(c));
   set_counters(state, forward_flop(c));
   set_label(state, c);
@@ -167,7 +170,6 @@ void flashback_backward(benchmark::State& state, const Case& c) {
   auto run = [&] {
     flashback::backward(view(c, t.dout), view(c, t.q), view(c, t.k), view(c, t.v), view(c, t.o), lse, g, p, ws.get());
   };
-  run(); // warm-up
   timed(state, run, on_amx(c));
   set_counters(state, 2.5 * forward_flop(c));
   set_label(state, c);
@@ -180,7 +182,6 @@ void blas_forward(benchmark::State& state, const Case& c) {
   blas_set_threads(threads());
   omp_set_num_threads(threads());
   BlasAttention blas(blas_shape(c));
-  blas.forward(t.q.data(), t.k.data(), t.v.data(), t.o.data(), t.lse.data()); // warm-up
   timed(state, [&] { blas.forward(t.q.data(), t.k.data(), t.v.data(), t.o.data(), t.lse.data()); });
   set_counters(state, forward_flop(c));
 }
@@ -195,7 +196,6 @@ void blas_backward(benchmark::State& state, const Case& c) {
     blas.backward(t.dout.data(), t.q.data(), t.k.data(), t.v.data(), t.o.data(), t.lse.data(), t.dq.data(),
                   t.dk.data(), t.dv.data());
   };
-  run(); // warm-up
   timed(state, run);
   set_counters(state, 2.5 * forward_flop(c));
 }
@@ -221,7 +221,7 @@ void skip(benchmark::State& state, const char* why) {
 void f32_microkernel(benchmark::State& state, int head_dim) {
   if (f32_microkernel_flops(1, 0.001, 64, 64, head_dim) == 0) return skip(state, "no AVX-512 or AVX2 here");
   double flops = 0;
-  timed(state, [&] { flops = f32_microkernel_flops(threads(), 1.0, 64, 64, head_dim); });
+  timed(state, [&] { flops = f32_microkernel_flops(threads(), 1.0, 64, 64, head_dim); }, false, false);
   state.counters["kernel_flops"] = flops;
   state.counters["threads"] = threads();
 }
