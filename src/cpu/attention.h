@@ -161,12 +161,18 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
       if (!p.band.covers(i0[g], min64(p.seqlen_q, i0[g] + t.bm), j0, j0 + cols)) mask[g] = &masks[g];
     }
     if constexpr (requires { f[0].add_scores(b, hk, j0, cols); }) {
+      // A partially masked tile ends at the last key one of its rows sees (a causal diagonal): the keys
+      // after it take no part in the three phases.
+      int64_t width[kMaxGroup];
       for (int64_t g = 0; g < blocks; ++g)
-        if (sees[g]) f[g].add_scores(b, hk, j0, cols);
+        if (sees[g])
+          width[g] = mask[g] ? visible_span(*mask[g], min64(p.seqlen_q, i0[g] + t.bm) - i0[g], cols).k1 : cols;
       for (int64_t g = 0; g < blocks; ++g)
-        if (sees[g]) f[g].add_softmax(cols, mask[g]);
+        if (sees[g]) f[g].add_scores(b, hk, j0, width[g]);
       for (int64_t g = 0; g < blocks; ++g)
-        if (sees[g]) f[g].add_values(b, hk, j0, cols, mask[g], jb == jfirst[g]);
+        if (sees[g]) f[g].add_softmax(width[g], mask[g]);
+      for (int64_t g = 0; g < blocks; ++g)
+        if (sees[g]) f[g].add_values(b, hk, j0, width[g], mask[g], jb == jfirst[g]);
     } else {
       for (int64_t g = 0; g < blocks; ++g)
         if (sees[g]) f[g].add(b, hk, j0, cols, mask[g], jb == jfirst[g]);

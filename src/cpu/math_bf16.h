@@ -303,7 +303,7 @@ struct MathBf16 {
     // s [rows][cols] = Q K^T (unscaled).
     void add_scores(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
       const Dims& z = s_.z;
-      BMicro::gemm(rows_, cols, z.dkx, s_.qa, x_lo(s_.qa, z.bmp, z.dkx), a_ld(z.dkx), key_block(b, hk, j0, cols),
+      BMicro::gemm(rows_, cols, z.dkx, s_.qa, x_lo(s_.qa, z.bmp, z.dkx), a_ld(z.dkx), key_block(b, hk, j0),
                    z.kt_ld, s_.s, z.s_ld, false, nullptr);
     }
 
@@ -327,8 +327,8 @@ struct MathBf16 {
                        first || !rescaled_ ? nullptr : s_.alpha, mask->lo, mask->hi);
         return;
       }
-      const bf16* vb = key_block(b, hk, j0, cols) + z.kt_block();
-      const bool zeroed = mask && !values_finite(b, hk, j0, cols);
+      const bf16* vb = key_block(b, hk, j0) + z.kt_block();
+      const bool zeroed = mask && !values_finite(b, hk, j0);
       if (zeroed) vb = finite_copy(vb, z.bnkx / 2 * z.dv_ld, reinterpret_cast<bf16*>(s_.vf));
       BMicro::gemm(rows_, p_.head_dim_v, p_k(cols, z.bnk), s_.pa, p_lo(s_.pa_lo), z.pa_ld, vb, z.dv_ld, s_.oacc,
                    z.o_ld, !first, first || !rescaled_ ? nullptr : s_.alpha);
@@ -362,13 +362,16 @@ struct MathBf16 {
     }
 
    private:
+    // The keys of key block j0 (a tile may take fewer: attention.h trims masked ones).
+    int64_t block_keys(int64_t j0) const { return min64(p_.seqlen_k, j0 + job_.tiles.bn) - j0; }
+
     // The packed K^T of key block j0 (V follows it): packed here where each work item packs its key
     // blocks (packs_per_tile), once for the item's query blocks, else the call's shared copy.
-    const bf16* key_block(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
+    const bf16* key_block(int64_t b, int64_t hk, int64_t j0) {
       if (!s_.kv) return kv_block(job_, s_.z, b, hk, j0 / job_.tiles.bn);
       Forward& owner = *kv_owner_;
       if (owner.kv_j0_ != j0) {
-        pack_kv(p_, s_.z, b, hk, j0, cols, owner.s_.kv);
+        pack_kv(p_, s_.z, b, hk, j0, block_keys(j0), owner.s_.kv);
         owner.kv_j0_ = j0;
       }
       return owner.s_.kv;
@@ -388,11 +391,12 @@ struct MathBf16 {
         }
     }
 
-    // Whether V of key block j0 is finite, found once per key block for the work item's query blocks.
-    bool values_finite(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
+    // Whether V of key block j0 (all its keys, which a product may read past a tile's) is finite,
+    // found once per key block for the work item's query blocks.
+    bool values_finite(int64_t b, int64_t hk, int64_t j0) {
       Forward& owner = *kv_owner_;
       if (owner.finite_j0_ != j0) {
-        owner.finite_ = F::all_finite(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, cols, p_.head_dim_v);
+        owner.finite_ = F::all_finite(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, block_keys(j0), p_.head_dim_v);
         owner.finite_j0_ = j0;
       }
       return owner.finite_;
