@@ -275,6 +275,24 @@ TEST_P(Attention, SequenceLengthsAroundForwardTiles) { check_cases(sequence_leng
 
 TEST_P(Attention, SequenceLengthsAroundBackwardTiles) { check_cases(sequence_length_sweep(GetParam(), true)); }
 
+// Masks that show each row enough keys on average that the bf16 forward takes wide key blocks
+// (tiles.h: wide_keys, kWideMaskedKeys), over many of them and a remainder: causal with Sq = Sk, Sq <
+// Sk, Sq > Sk (the first rows see no key), and a window open on both sides.
+TEST_P(Attention, MaskedWideKeyBlocks) {
+  if (GetParam() != FB_BF16) GTEST_SKIP() << "only bf16 takes wide key blocks under a mask";
+  std::vector<Case> cases = {
+      make_case(1, 1, 1, 4096 + 129, 4096 + 129, 16, 16, kCausal),
+      make_case(1, 1, 1, 2100, 4096 + 255, 16, 16, kCausal),
+      make_case(1, 1, 1, 4300, 4250, 16, 16, kCausal),
+      make_case(1, 1, 1, 4096 + 129, 4096 + 129, 16, 16, window(3000, 200)),
+  };
+  for (Case& c : cases) {
+    c.dtype = FB_BF16;
+    ASSERT_TRUE(fbtest::forward_wide_keys(c)) << c.describe();
+  }
+  check_cases(cases);
+}
+
 // --- Blocks grouped into work items --------------------------------------------------------------------
 
 // A forward work item gives each key block to up to 4 query blocks of a head in turn, a backward item

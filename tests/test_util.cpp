@@ -129,13 +129,16 @@ flashback::core::Problem sizes_of(const Case& c) {
   p.seqlen_k = c.shape.seqlen_k;
   p.head_dim = c.shape.head_dim;
   p.head_dim_v = c.shape.head_dim_v;
-  p.band = flashback::core::make_band(p.seqlen_q, p.seqlen_k, c.opt.window_left, c.opt.causal ? 0 : c.opt.window_right);
+  p.window_left = c.opt.window_left;
+  p.window_right = c.opt.causal ? 0 : c.opt.window_right; // as core/problem.cpp
+  p.band = flashback::core::make_band(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
   return p;
 }
 } // namespace
 
 int64_t forward_splits_of(const Case& c) { return flashback::cpu::forward_splits(sizes_of(c)); }
 int64_t backward_splits_of(const Case& c) { return flashback::cpu::backward_splits(sizes_of(c)); }
+bool forward_wide_keys(const Case& c) { return flashback::cpu::wide_keys(sizes_of(c)); }
 
 flashback::cpu::Tiles tiles_for(int64_t head_dim, int64_t head_dim_v, bool backward, fb_dtype dtype, bool wide) {
   using namespace flashback::cpu;

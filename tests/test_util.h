@@ -215,6 +215,8 @@ struct Outputs {
 int64_t forward_splits_of(const Case& c);
 // The parts the backward cuts each key block's query blocks into (cpu/backend.cpp: backward_splits).
 int64_t backward_splits_of(const Case& c);
+// Whether the problem of case `c` may take wide key blocks in the forward (cpu/tiles.h: wide_keys).
+bool forward_wide_keys(const Case& c);
 
 // Random normal inputs in the case's layouts.
 Inputs make_inputs(const Case& c, std::mt19937_64& rng);

@@ -50,15 +50,33 @@ inline bool few_query_blocks(const core::Problem& p, Tiles t) {
   return p.group() * ((p.seqlen_q + t.bm - 1) / t.bm) <= kMaxGroup;
 }
 
-// Whether a problem's forward may take wide key blocks (choose_tiles: the amx level): without a mask,
-// since partially masked tiles grow with the key block (causal took 0.99x the time at S = 4096 and
-// 1.16x at S = 512 with 64 x 256 when they ran in f32; with bf16's on tiles, 0.955x at S = 4096, 1.13x
-// at S = 512, B = 8, and 1.19x with a window of 256 keys), and where each key block serves more than
-// one work item's query blocks (not few_query_blocks, as in decoding, whose K and V are packed per
-// tile).
+// The query-key pairs a problem's mask shows, per query row: Sk without a mask.
+inline double visible_keys_per_row(const core::Problem& p) {
+  if (p.seqlen_q == 0) return 0;
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < p.seqlen_q; ++i) {
+    const int64_t first = i + p.band.dlo < 0 ? 0 : i + p.band.dlo;
+    const int64_t last = i + p.band.dhi > p.seqlen_k - 1 ? p.seqlen_k - 1 : i + p.band.dhi;
+    pairs += last >= first ? last - first + 1 : 0;
+  }
+  return static_cast<double>(pairs) / static_cast<double>(p.seqlen_q);
+}
+
+// Whether a problem's forward may take wide key blocks (choose_tiles: the amx level): where each key
+// block serves more than one work item's query blocks (not few_query_blocks, as in decoding, whose K
+// and V are packed per tile), and without a mask, or under one that shows each row at least
+// kWideMaskedKeys keys on average, with bf16 inputs: partially masked tiles grow with the key block,
+// and the wider ones lose where they are a larger share of the tiles. Measured on the Xeon with AMX,
+// bf16 on tiles, B = 1 (but where said), Hq = 16, D = 128, side by side, 64 x 256 against 64 x 128:
+// causal 0.955x the forward's time at S = 4096, 0.951x at S = 8192 (Hq = 8), 1.01x at S = 2048 (B = 2),
+// 1.08x at S = 1024 (B = 4), 1.13x at S = 512 (B = 8), 1.19x with a window of 256 keys at S = 4096.
+// f16's masked tiles take P V in f32 (math_bf16.h), which wider tiles only slow (when bf16's did too,
+// causal took 0.99x the time at S = 4096 and 1.16x at S = 512).
+inline constexpr double kWideMaskedKeys = 2048;
 inline bool wide_keys(const core::Problem& p) {
   constexpr Tiles narrow = choose_tiles(Isa::amx, 128, 128, false, false);
-  return !p.masked() && p.heads_kv > 0 && !few_query_blocks(p, narrow);
+  if (p.heads_kv <= 0 || few_query_blocks(p, narrow)) return false;
+  return !p.masked() || (p.dtype == core::DType::bf16 && visible_keys_per_row(p) >= kWideMaskedKeys);
 }
 
 } // namespace
