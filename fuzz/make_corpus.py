@@ -117,6 +117,9 @@ def c_api_seeds():
     # Found by the fuzzer at d9e251f: window sides of INT64_MAX with Sq > Sk overflowed the reference's
     # visibility test (tests/reference.cpp), which checks the library's results.
     seeds["window_int64_max"] = base64.b64decode("BQADAU7RAAAfGgAAJwAAAAAAAAAAAAAAAAABAABAAAAAAAAAAA==")
+    # Found by the fuzzer at ae78274: a workspace query for a masked problem with 2^28 query rows
+    # timed out in a loop over the rows (cpu/tiles.h: visible_keys_per_row, now in closed form).
+    seeds["wide_keys_many_rows"] = base64.b64decode("BQAAAP///w8LBghEAwAAAAAPAAAxAAAAAAAA+wAAAQAAAAAAAAAnAAAAAAAn")
     # 1025 keys against one block of 4 rows (decoding, swapped heads): the forward splits the keys into
     # parts and combines them (cpu/backend.cpp: forward_splits), also under a causal mask on 2 threads.
     seeds["split_keys_decoding"] = c_api_seed(hq=4, group=4, sq=1, sk_wild=11, d=8, dv=8)

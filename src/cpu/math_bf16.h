@@ -405,9 +405,9 @@ struct MathBf16 {
     // One online-softmax step on the rows of s (log2 units after scaling): m, l, alpha updated, and
     // P = exp2(S * scale * log2(e) - m) written to pa + pa_lo (zero beyond cols up to BNk and where
     // masked; for f16 hi again at pa + 2 BNk), or in f32 over s (p_f32_). A row that has seen no
-    // visible key yet keeps m = -inf and gets P = 0. The rows of a whole key block (the most of them) go through
-    // softmax_whole several at a time (four of 128 keys, two of 256); the others (the last key block,
-    // masked tiles) one at a time.
+    // visible key yet keeps m = -inf and gets P = 0. The rows of a whole key block (the most of them)
+    // go through softmax_whole several at a time (four of 128 keys, two of 256); the others (the last
+    // key block, masked tiles) one at a time.
     void softmax_rows(int64_t cols, const Mask* mask) {
       rescaled_ = false;
       int64_t r = 0;
@@ -653,11 +653,10 @@ struct MathBf16 {
     // so does a partially masked tile for f16 (whose operands come in parts), each output row over
     // what it sees; other masked tiles go to the tiles as unmasked ones do, P and dS 0 where masked,
     // their products with operands that hold a NaN or an infinity on copies without them (zeroed_,
-    // add_grads, add_dq). In three
-    // phases, which attention.h runs for all the key blocks that see a query block in turn
-    // (add_scores of each, then add_probs of each, then add_grads of each): the products on tiles in
-    // two runs, the vector passes between them, since each return to the tiles after vector work
-    // costs a ramp of the tile unit (about 0.3 us here: BENCHMARKS.md).
+    // add_grads, add_dq). In three phases, which attention.h runs for all the key blocks that see a
+    // query block in turn (add_scores of each, then add_probs of each, then add_grads of each): the
+    // products on tiles in two runs, the vector passes between them, since each return to the tiles
+    // after vector work costs a ramp of the tile unit (about 0.3 us here: BENCHMARKS.md).
     // s [rows][cols] = Q K^T; dp [rows][cols] = dO V^T.
     void add_scores(int64_t b, int64_t h, int64_t i0, int64_t rows, const Mask* mask) {
       const Dims& z = s_.z;

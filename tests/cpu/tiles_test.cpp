@@ -53,7 +53,7 @@ TEST(Tiles, KernelSetsRunWithChooseTiles) {
         for (bool backward : {false, true}) {
           const flashback::cpu::KernelSet& ks = flashback::cpu::kernels_for(isa, dtype, std::max(d, 257 - d));
           EXPECT_LE(ks.isa, isa);
-          for (int shape = 0; shape < 3; ++shape) { // long, causal, decoding
+          for (int shape = 0; shape < 3; ++shape) { // long, causal (bf16: wide), decoding
             flashback::core::Problem p;
             p.dtype = dtype;
             p.head_dim = d;
@@ -64,14 +64,46 @@ TEST(Tiles, KernelSetsRunWithChooseTiles) {
             p.seqlen_q = shape == 2 ? 1 : 4096;
             p.seqlen_k = 4096;
             if (shape == 1) p.window_right = 0;
-            EXPECT_EQ(flashback::cpu::wide_keys(p), shape == 0);
-            const Tiles want = choose_tiles(ks.isa, p.head_dim, p.head_dim_v, backward, shape == 0);
+            p.band = flashback::core::make_band(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
+            const bool wide = shape == 0 || (shape == 1 && dtype == DType::bf16);
+            EXPECT_EQ(flashback::cpu::wide_keys(p), wide);
+            const Tiles want = choose_tiles(ks.isa, p.head_dim, p.head_dim_v, backward, wide);
             const Tiles got = ks.tiles(p, backward);
             EXPECT_EQ(got.bm, want.bm) << flashback::cpu::isa_name(ks.isa) << " D=" << d << " bwd=" << backward;
             EXPECT_EQ(got.bn, want.bn) << flashback::cpu::isa_name(ks.isa) << " D=" << d << " bwd=" << backward;
           }
         }
     }
+}
+
+// visible_keys_per_row's closed form against counting each row's keys, over windows that cut either
+// side, both, none, rows that see nothing (Sq > Sk under causal), Sq or Sk of 0 and 1, and a size no
+// loop could count (the fuzzer's: a workspace query with 2^28 rows).
+TEST(Tiles, VisibleKeysPerRowCountsTheMask) {
+  const int64_t lens[] = {0, 1, 2, 7, 64, 65, 300};
+  const int64_t sides[] = {-1, 0, 1, 3, 50, 299, 1000};
+  int64_t checked = 0;
+  for (int64_t sq : lens)
+    for (int64_t sk : lens)
+      for (int64_t left : sides)
+        for (int64_t right : sides) {
+          flashback::core::Problem p;
+          p.seqlen_q = sq;
+          p.seqlen_k = sk;
+          p.band = flashback::core::make_band(sq, sk, left, right);
+          int64_t pairs = 0;
+          for (int64_t i = 0; i < sq; ++i)
+            for (int64_t j = 0; j < sk; ++j) pairs += p.band.visible(i, j);
+          const double want = sq > 0 ? static_cast<double>(pairs) / static_cast<double>(sq) : 0.0;
+          ASSERT_DOUBLE_EQ(flashback::cpu::visible_keys_per_row(p), want)
+              << "Sq=" << sq << " Sk=" << sk << " window (" << left << ", " << right << ")";
+          ++checked;
+        }
+  EXPECT_EQ(checked, 7 * 7 * 7 * 7);
+  flashback::core::Problem huge;
+  huge.seqlen_q = huge.seqlen_k = int64_t{1} << 28;
+  huge.band = flashback::core::make_band(huge.seqlen_q, huge.seqlen_k, -1, 0); // causal
+  EXPECT_DOUBLE_EQ(flashback::cpu::visible_keys_per_row(huge), (static_cast<double>(int64_t{1} << 28) + 1) / 2);
 }
 
 } // namespace
