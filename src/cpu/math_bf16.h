@@ -32,9 +32,9 @@
 // of the rows and keys that see them, so that the other outputs get the same bits as without them
 // (RELIABILITY.md: non-finite inputs). Before, masked tiles took their products in f32, each row over
 // the keys it sees: the tiles took 0.95x / 0.94x the time of that (forward / backward) of causal bf16
-// at S = 4096, D = 128, 0.81x / 0.77x at S = 512 and 0.74x / 0.66x with a window of 256 (BENCHMARKS.md).
-// f16's masked tiles (their operands in parts) still do, and so do the backward's query blocks of a few
-// rows (BMicro::kF32Rows), whose bf16 forms of P and dS would be mostly padding.
+// at S = 4096, D = 128, 0.81x / 0.77x at S = 512 and 0.74x / 0.66x with a window of 256; f16 0.99x /
+// 0.96x at S = 4096, 0.83x / 0.92x at S = 512 (BENCHMARKS.md). The backward's query blocks of a few
+// rows (BMicro::kF32Rows) still do, since their bf16 forms of P and dS would be mostly padding.
 //
 // BMicro provides: isa, tiles(), kK (the k granule: operands are zero-padded to it), kF32Rows (the
 // backward's query blocks of at most this many rows take their products with P and dS in f32),
@@ -188,10 +188,10 @@ struct MathBf16 {
     for (int64_t i = 0; i < n; ++i) dst[i].bits = (src[i].bits & 0x7F80u) == 0x7F80u ? uint16_t{0} : src[i].bits;
     return dst;
   }
-  // Floats of an f32 scratch that for bf16 also holds a finite_copy of `packed` bf16 (it always does
-  // with the tiles of choose_tiles: the f32 form is the larger).
+  // Floats of a scratch of the backward's f32 products that also holds a finite_copy of `packed` bf16
+  // (for bf16 the f32 form is the larger with the tiles of choose_tiles; f16's parts can take more).
   static int64_t copy_room(int64_t floats, int64_t packed) {
-    return kExact || 2 * floats >= packed ? floats : (packed + 1) / 2;
+    return 2 * floats >= packed ? floats : (packed + 1) / 2;
   }
   // p + n, where p may be null (a scratch layout only measured: carved_bytes).
   static bf16* past(bf16* p, int64_t n) { return p ? p + n : nullptr; }
@@ -262,12 +262,12 @@ struct MathBf16 {
 
   // Per-thread scratch of the forward: qa x_block(Dkx) bf16, s [BMp][BNp] f32, pa [BMp][BNkx] and for
   // bf16 pa_lo [BMp][BNk] (P as hi + lo; for f16 pa_lo = pa + BNk), oacc [BMp][Dvn] f32, m, l, alpha
-  // [BMp] f32, vf [BN][Dvn] f32 (V of a masked tile for f16; for bf16 room for a packed V block,
-  // finite_copy), and only where K and V are packed per tile (packs_per_tile), kv: kv_block() bf16.
+  // [BMp] f32, vz: a packed V block (V without its NaNs and infinities for a masked tile, finite_copy),
+  // and only where K and V are packed per tile (packs_per_tile), kv: kv_block() bf16.
   struct ForwardScratch {
     Dims z;
-    bf16 *qa, *pa, *pa_lo, *kv;
-    float *s, *oacc, *m, *l, *alpha, *vf;
+    bf16 *qa, *pa, *pa_lo, *vz, *kv;
+    float *s, *oacc, *m, *l, *alpha;
     ForwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) : z(p, t) {
       Carver c{base};
       qa = c.take<bf16>(z.x_block(z.dkx));
@@ -278,7 +278,7 @@ struct MathBf16 {
       m = c.floats(z.bmp);
       l = c.floats(z.bmp);
       alpha = c.floats(z.bmp);
-      vf = c.floats(copy_room(t.bn * z.dvn, z.bnkx / 2 * z.dv_ld));
+      vz = c.take<bf16>(z.bnkx / 2 * z.dv_ld);
       kv = packs_per_tile(p, t) ? c.take<bf16>(z.kv_block()) : nullptr;
       if (bytes) *bytes = c.used;
     }
@@ -307,29 +307,19 @@ struct MathBf16 {
                    z.kt_ld, s_.s, z.s_ld, false, nullptr);
     }
 
-    // A partially masked tile's P goes to the tiles as an unmasked one's does, 0 where masked (for f16,
-    // whose operands come in parts, P V runs in f32 instead, each row over the keys it sees).
-    void add_softmax(int64_t cols, const Mask* mask) {
-      p_f32_ = mask && kExact;
-      softmax_rows(cols, mask);
-    }
+    // A partially masked tile's P goes to the tiles as an unmasked one's does, 0 where masked.
+    void add_softmax(int64_t cols, const Mask* mask) { softmax_rows(cols, mask); }
 
-    // oacc [rows][Dv] = alpha oacc + P V; for P in f32 (add_softmax), each row over the keys it sees.
-    // A masked tile's zeros meet every value of V, and 0 * inf is NaN, which would reach rows that do
-    // not see the key (RELIABILITY.md: non-finite inputs): where V holds a NaN or an infinity the product
-    // takes a copy of it with those values zeroed, and add_nonfinite_values() adds them to the rows that
-    // see them. The other rows get the same bits as without them.
+    // oacc [rows][Dv] = alpha oacc + P V. A masked tile's zeros meet every value of V, and 0 * inf is
+    // NaN, which would reach rows that do not see the key (RELIABILITY.md: non-finite inputs): where V
+    // holds a NaN or an infinity the product takes a copy of it with those values zeroed, and
+    // add_nonfinite_values() adds them to the rows that see them. The other rows get the same bits as
+    // without them.
     void add_values(int64_t b, int64_t hk, int64_t j0, int64_t cols, const Mask* mask, bool first) {
       const Dims& z = s_.z;
-      if (p_f32_) {
-        F::load_rows(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, cols, p_.head_dim_v, s_.vf, z.dvn);
-        F::gemm_banded(rows_, p_.head_dim_v, cols, s_.s, z.s_ld, 1, s_.vf, z.dvn, s_.oacc, z.o_ld, !first,
-                       first || !rescaled_ ? nullptr : s_.alpha, mask->lo, mask->hi);
-        return;
-      }
       const bf16* vb = key_block(b, hk, j0) + z.kt_block();
       const bool zeroed = mask && !values_finite(b, hk, j0);
-      if (zeroed) vb = finite_copy(vb, z.bnkx / 2 * z.dv_ld, reinterpret_cast<bf16*>(s_.vf));
+      if (zeroed) vb = finite_copy(vb, z.bnkx / 2 * z.dv_ld, s_.vz);
       BMicro::gemm(rows_, p_.head_dim_v, p_k(cols, z.bnk), s_.pa, p_lo(s_.pa_lo), z.pa_ld, vb, z.dv_ld, s_.oacc,
                    z.o_ld, !first, first || !rescaled_ ? nullptr : s_.alpha);
       if (zeroed) add_nonfinite_values(row_ptr<const T>(p_.v, b, hk, j0), cols, *mask);
@@ -404,7 +394,7 @@ struct MathBf16 {
 
     // One online-softmax step on the rows of s (log2 units after scaling): m, l, alpha updated, and
     // P = exp2(S * scale * log2(e) - m) written to pa + pa_lo (zero beyond cols up to BNk and where
-    // masked; for f16 hi again at pa + 2 BNk), or in f32 over s (p_f32_). A row that has seen no
+    // masked; for f16 hi again at pa + 2 BNk). A row that has seen no
     // visible key yet keeps m = -inf and gets P = 0. The rows of a whole key block (the most of them)
     // go through softmax_whole several at a time (four of 128 keys, two of 256); the others (the last
     // key block, masked tiles) one at a time.
@@ -516,18 +506,10 @@ struct MathBf16 {
                          V::zero());
       };
       typename V::reg sum = V::zero();
-      if (!p_f32_) { // P as hi + lo, 32 keys at a time
-        for (int64_t c0 = 0; c0 < z.bnk; c0 += 32) {
-          const typename V::reg p0 = prob(c0), p1 = prob(c0 + 16);
-          sum = V::add(sum, V::add(p0, p1));
-          Pack::split32(p0, p1, s_.pa + r * z.pa_ld + c0, s_.pa_lo + r * z.pa_ld + c0, z.bnk - c0, again_of(z.bnk));
-        }
-      } else { // P in f32, over s
-        for (int64_t c0 = 0; c0 < z.bnp; c0 += 16) {
-          const typename V::reg pr = prob(c0);
-          sum = V::add(sum, pr);
-          V::store(s_.s + r * z.s_ld + c0, pr, static_cast<int>(min64(16, z.bnp - c0)));
-        }
+      for (int64_t c0 = 0; c0 < z.bnk; c0 += 32) { // P as hi + lo, 32 keys at a time
+        const typename V::reg p0 = prob(c0), p1 = prob(c0 + 16);
+        sum = V::add(sum, V::add(p0, p1));
+        Pack::split32(p0, p1, s_.pa + r * z.pa_ld + c0, s_.pa_lo + r * z.pa_ld + c0, z.bnk - c0, again_of(z.bnk));
       }
       end_row(r, m_new, V::reduce_add(sum));
     }
@@ -537,7 +519,6 @@ struct MathBf16 {
     ForwardScratch s_;
     int64_t rows_ = 0;
     bool rescaled_ = false; // the last softmax_rows moved some row's reference (alpha != 1)
-    bool p_f32_ = false;    // the tile's P in f32 over s, for a P V in f32 (add_softmax)
     Prefetch prefetch_;
     Forward* kv_owner_ = this; // whose kv holds the packed key block (share_converted)
     int64_t kv_j0_ = -1;       // the first key of the block packed into this one's kv
@@ -649,11 +630,10 @@ struct MathBf16 {
     }
 
     // A query block of head h: S, P, dV, dP, dS, dK. A block of at most BMicro::kF32Rows rows takes
-    // its products with P and dS in f32 (a few rows' bf16 forms would be mostly the padding of kK), and
-    // so does a partially masked tile for f16 (whose operands come in parts), each output row over
-    // what it sees; other masked tiles go to the tiles as unmasked ones do, P and dS 0 where masked,
-    // their products with operands that hold a NaN or an infinity on copies without them (zeroed_,
-    // add_grads, add_dq). In three phases, which attention.h runs for all the key blocks that see a
+    // its products with P and dS in f32 (a few rows' bf16 forms would be mostly the padding of kK), each
+    // output row over what it sees; partially masked tiles go to the tiles as unmasked ones do, P and
+    // dS 0 where masked, their products with operands that hold a NaN or an infinity on copies without
+    // them (zeroed_, add_grads, add_dq). In three phases, which attention.h runs for all the key blocks that see a
     // query block in turn (add_scores of each, then add_probs of each, then add_grads of each): the
     // products on tiles in two runs, the vector passes between them, since each return to the tiles
     // after vector work costs a ramp of the tile unit (about 0.3 us here: BENCHMARKS.md).
@@ -665,7 +645,7 @@ struct MathBf16 {
       rows_ = rows;
       if (mask) tile_mask_ = *mask;
       masked_ = mask != nullptr;
-      f32_products_ = rows <= BMicro::kF32Rows || (masked_ && kExact);
+      f32_products_ = rows <= BMicro::kF32Rows;
       BMicro::gemm(rows, cols, z.dkx, q.qa, x_lo(q.qa, z.bmp, z.dkx), a_ld(z.dkx), s_.ktb, z.kt_ld, s_.s, z.s_ld, false,
                    nullptr);
       if (need_ds_)
