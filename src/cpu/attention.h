@@ -151,22 +151,21 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
     // Where the tile math has add() in phases (math_bf16.h), each phase runs for all the query blocks
     // in turn, so that their products on tiles run together, between the vector passes; each block's
     // own operations keep their order, so the results are the same bits.
+    // A partially masked tile's width ends at the last key one of its rows sees (a causal diagonal):
+    // the keys after it take no part in the phases.
     Mask masks[kMaxGroup];
     const Mask* mask[kMaxGroup] = {}; // &masks[g] where the tile is partially masked
     bool sees[kMaxGroup];
+    int64_t width[kMaxGroup];
     for (int64_t g = 0; g < blocks; ++g) {
       sees[g] = jb >= jfirst[g] && jb <= jlast[g];
       if (!sees[g]) continue;
+      const int64_t rows = min64(p.seqlen_q, i0[g] + t.bm) - i0[g];
       masks[g] = tile_mask(p.band, i0[g], j0);
-      if (!p.band.covers(i0[g], min64(p.seqlen_q, i0[g] + t.bm), j0, j0 + cols)) mask[g] = &masks[g];
+      if (!p.band.covers(i0[g], i0[g] + rows, j0, j0 + cols)) mask[g] = &masks[g];
+      width[g] = mask[g] ? visible_span(masks[g], rows, cols).k1 : cols;
     }
     if constexpr (requires { f[0].add_scores(b, hk, j0, cols); }) {
-      // A partially masked tile ends at the last key one of its rows sees (a causal diagonal): the keys
-      // after it take no part in the three phases.
-      int64_t width[kMaxGroup];
-      for (int64_t g = 0; g < blocks; ++g)
-        if (sees[g])
-          width[g] = mask[g] ? visible_span(*mask[g], min64(p.seqlen_q, i0[g] + t.bm) - i0[g], cols).k1 : cols;
       for (int64_t g = 0; g < blocks; ++g)
         if (sees[g]) f[g].add_scores(b, hk, j0, width[g]);
       for (int64_t g = 0; g < blocks; ++g)

@@ -188,6 +188,20 @@ struct MathBf16 {
     for (int64_t i = 0; i < n; ++i) dst[i].bits = (src[i].bits & 0x7F80u) == 0x7F80u ? uint16_t{0} : src[i].bits;
     return dst;
   }
+  // out [r][c] (rows ldo apart) += w(r, j) x [j][c] for each non-finite x [j][c] of the `cols` keys at x
+  // (Dv or D = width columns) and each of `rows` rows that sees key j under `mask`: what a product over
+  // the keys (P V, dS K) on a finite_copy of x left out.
+  template <class W>
+  static void add_nonfinite_keys(const T* x, int64_t ldx, int64_t cols, int64_t width, int64_t rows, const Mask& mask,
+                                 float* out, int64_t ldo, W&& w) {
+    for (int64_t j = 0; j < cols; ++j)
+      for (int64_t c = 0; c < width; ++c) {
+        const float v = to_float(x[j * ldx + c]);
+        if (__builtin_isfinite(v)) continue;
+        for (int64_t r = 0; r < rows; ++r)
+          if (mask.shows(r, j)) out[r * ldo + c] += w(r, j) * v;
+      }
+  }
   // Floats of a scratch of the backward's f32 products that also holds a finite_copy of `packed` bf16
   // (for bf16 the f32 form is the larger with the tiles of choose_tiles; f16's parts can take more).
   static int64_t copy_room(int64_t floats, int64_t packed) {
@@ -313,7 +327,7 @@ struct MathBf16 {
     // oacc [rows][Dv] = alpha oacc + P V. A masked tile's zeros meet every value of V, and 0 * inf is
     // NaN, which would reach rows that do not see the key (RELIABILITY.md: non-finite inputs): where V
     // holds a NaN or an infinity the product takes a copy of it with those values zeroed, and
-    // add_nonfinite_values() adds them to the rows that see them. The other rows get the same bits as
+    // add_nonfinite_keys() adds them to the rows that see them. The other rows get the same bits as
     // without them.
     void add_values(int64_t b, int64_t hk, int64_t j0, int64_t cols, const Mask* mask, bool first) {
       const Dims& z = s_.z;
@@ -322,7 +336,12 @@ struct MathBf16 {
       if (zeroed) vb = finite_copy(vb, z.bnkx / 2 * z.dv_ld, s_.vz);
       BMicro::gemm(rows_, p_.head_dim_v, p_k(cols, z.bnk), s_.pa, p_lo(s_.pa_lo), z.pa_ld, vb, z.dv_ld, s_.oacc,
                    z.o_ld, !first, first || !rescaled_ ? nullptr : s_.alpha);
-      if (zeroed) add_nonfinite_values(row_ptr<const T>(p_.v, b, hk, j0), cols, *mask);
+      if (!zeroed) return;
+      auto prob = [&](int64_t r, int64_t j) {
+        return to_float(s_.pa[r * z.pa_ld + j]) + to_float(s_.pa_lo[r * z.pa_ld + j]);
+      };
+      add_nonfinite_keys(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, cols, p_.head_dim_v, rows_, *mask, s_.oacc, z.o_ld,
+                         prob);
     }
 
     // Share `share` of `shares` of the packed K^T and V of a key block that comes next (attention.h),
@@ -367,20 +386,6 @@ struct MathBf16 {
       return owner.s_.kv;
     }
 
-    // oacc [r][c] += P [r][j] V [j][c] for each non-finite V [j][c] (of the `cols` rows at v) and each
-    // row r that sees key j under the tile's mask: what add_values' product left out.
-    void add_nonfinite_values(const T* v, int64_t cols, const Mask& mask) {
-      const Dims& z = s_.z;
-      for (int64_t j = 0; j < cols; ++j)
-        for (int64_t c = 0; c < p_.head_dim_v; ++c) {
-          const float x = to_float(v[j * p_.v.ss + c]);
-          if (__builtin_isfinite(x)) continue;
-          for (int64_t r = 0; r < rows_; ++r)
-            if (mask.shows(r, j))
-              s_.oacc[r * z.o_ld + c] += (to_float(s_.pa[r * z.pa_ld + j]) + to_float(s_.pa_lo[r * z.pa_ld + j])) * x;
-        }
-    }
-
     // Whether V of key block j0 (all its keys, which a product may read past a tile's) is finite,
     // found once per key block for the work item's query blocks.
     bool values_finite(int64_t b, int64_t hk, int64_t j0) {
@@ -394,10 +399,10 @@ struct MathBf16 {
 
     // One online-softmax step on the rows of s (log2 units after scaling): m, l, alpha updated, and
     // P = exp2(S * scale * log2(e) - m) written to pa + pa_lo (zero beyond cols up to BNk and where
-    // masked; for f16 hi again at pa + 2 BNk). A row that has seen no
-    // visible key yet keeps m = -inf and gets P = 0. The rows of a whole key block (the most of them)
-    // go through softmax_whole several at a time (four of 128 keys, two of 256); the others (the last
-    // key block, masked tiles) one at a time.
+    // masked; for f16 hi again at pa + 2 BNk). A row that has seen no visible key yet keeps m = -inf
+    // and gets P = 0. The rows of a whole key block (the most of them) go through softmax_whole several
+    // at a time (four of 128 keys, two of 256); the others (the last key block, masked tiles) one at a
+    // time.
     void softmax_rows(int64_t cols, const Mask* mask) {
       rescaled_ = false;
       int64_t r = 0;
@@ -809,14 +814,9 @@ struct MathBf16 {
       }
       BMicro::gemm(rows_, p_.head_dim, p_k(cols_, z.bnk), s_.dsa, p_lo(s_.dsa_lo), z.pa_ld, kb, z.dn_ld, dq, ld, true,
                    nullptr);
-      if (!zeroed_.k) return;
-      for (int64_t j = 0; j < cols_; ++j) // what the product on the zeroed copy of K left out
-        for (int64_t c = 0; c < p_.head_dim; ++c) {
-          const float x = to_float(k_[j * p_.k.ss + c]);
-          if (__builtin_isfinite(x)) continue;
-          for (int64_t r = 0; r < rows_; ++r)
-            if (tile_mask_.shows(r, j)) dq[r * ld + c] += dscore(r, j) * x;
-        }
+      if (zeroed_.k)
+        add_nonfinite_keys(k_, p_.k.ss, cols_, p_.head_dim, rows_, tile_mask_, dq, ld,
+                           [&](int64_t r, int64_t j) { return dscore(r, j); });
     }
 
     // dq [rows][D] += dS K of n workers' last query block against consecutive key blocks whose tiles
@@ -868,8 +868,8 @@ struct MathBf16 {
     };
     Zeroed zeroed(int64_t b, int64_t h, int64_t i0) {
       const Dims& z = s_.z;
-      const bool s_finite = F::all_finite(s_.s, z.s_ld, rows_, cols_);
-      const bool dp_finite = need_ds_ && F::all_finite(s_.dp, z.s_ld, rows_, cols_);
+      const bool s_finite = !need_ds_ || F::all_finite(s_.s, z.s_ld, rows_, cols_); // need_ds_: dK or dQ
+      const bool dp_finite = need_ds_ && job_.need_dv && F::all_finite(s_.dp, z.s_ld, rows_, cols_);
       if (job_.need_dq && !s_finite && keys_finite_ < 0) keys_finite_ = F::all_finite(k_, p_.k.ss, cols_, p_.head_dim);
       Zeroed zr;
       zr.k = job_.need_dq && !s_finite && keys_finite_ == 0;
