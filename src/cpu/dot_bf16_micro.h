@@ -2,7 +2,7 @@
 // vdpbf16ps: 16 f32 lanes += the sum of two bf16 products each), register-blocked as MicroF32 blocks
 // f32: MR rows by NV vectors of C in registers across the whole k loop, a row of B (NV vectors of 16
 // column pairs, the VNNI format) loaded once per pair of k and each A pair broadcast to every lane.
-// On CPUs that run vdpbf16ps near twice the f32 FMA rate in FLOP (AMD Zen 5: 1.8x; cpu/isa.h,
+// On CPUs that run vdpbf16ps near twice the f32 FMA rate in FLOP (AMD Zen 4: 2.0x, Zen 5: 1.8x; cpu/isa.h,
 // bf16_dot_preferred) it multiplies bf16 faster than converting to f32; elsewhere the f32 kernels run.
 //
 // Written over V, the 16-lane f32 vector, extended with the word operations (`W`: 16 32-bit words,

@@ -9,8 +9,8 @@ namespace flashback::cpu {
 // avx512bf16 adds AVX512_BF16 to avx512; amx adds AMX-TILE and AMX-BF16.
 // avx512bf16 runs avx512's kernels for f32 and f16, and for bf16 too unless bf16_dot_preferred() (below):
 // bf16 products with vdpbf16ps were measured slower than converting bf16 to f32 once and multiplying
-// with FMA on an Intel Xeon (2.5x; vdpbf16ps runs at half the f32 FMA rate there) and no faster on AMD
-// Zen 4, but faster on AMD Zen 5 (vdpbf16ps at 1.8x the FMA rate in FLOP; BENCHMARKS.md).
+// with FMA on an Intel Xeon (2.5x; vdpbf16ps runs at half the f32 FMA rate there), but faster on AMD
+// Zen 4 and Zen 5 (vdpbf16ps at 2.0x and 1.8x the FMA rate in FLOP; BENCHMARKS.md).
 enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, avx512bf16 = 3, amx = 4 };
 
 const char* isa_name(Isa isa);
@@ -30,7 +30,7 @@ Isa active_isa();
 Isa emulated_level(); // <level> when the emulation is on, else scalar
 // Whether bf16 storage takes its products with vdpbf16ps (dot_bf16_micro.h) rather than converting to
 // f32 for the f32 kernels: at the avx512bf16 level where the CPU runs vdpbf16ps faster than FMA per
-// FLOP (AMD family 26, Zen 5, and later; not Intel's Xeons, where it runs at half the FMA rate) or
+// FLOP (AMD family 25, Zen 4, and later; not Intel's Xeons, where it runs at half the FMA rate) or
 // where that level is emulated. FLASHBACK_BF16_DOT=1 asks for it at any level from avx512bf16 up
 // (amx included, instead of the tiles), =0 never (for tests and benchmarks).
 bool bf16_dot_preferred();
