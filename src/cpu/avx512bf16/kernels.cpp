@@ -14,7 +14,8 @@ namespace flashback::cpu {
 namespace {
 
 // 16 words of two bf16 each; dot is vdpbf16ps (products exact in f32; it treats subnormal bf16 inputs
-// as zero; of the CPUs where it was tested, Zen 4 flushes subnormal results to zero, Zen 5 keeps them).
+// as zero; of the CPUs where it was tested, Zen 4 flushes each partial sum below 2^-126 (the accumulator
+// plus the odd product, then plus the even one) to zero, Zen 5 keeps them).
 struct Bf16Words {
   using reg = __m512i;
   static reg load(const bf16* p) { return _mm512_loadu_si512(p); }

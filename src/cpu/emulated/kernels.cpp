@@ -110,7 +110,7 @@ struct PackBf16Portable {
 // vdpbf16ps in software for DotBf16Micro: per lane, acc + the odd pair's product, then + the even one's,
 // in the order the Intel SDM gives; each bf16 widened to f32 exactly (a shift), each product exact, so
 // each FMA rounds only its sum as the instruction does; like it, inputs below 2^-126 (subnormal)
-// count as zero (results below it are kept, as Zen 5 keeps them; Zen 4 flushes them to zero).
+// count as zero (sums below it are kept, as Zen 5 keeps them; Zen 4 flushes them to zero).
 struct PairWords {
   struct reg {
     __m256i lo, hi; // words 0-7, 8-15
