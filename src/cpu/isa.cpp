@@ -88,16 +88,14 @@ Isa machine_isa() {
   return isa;
 }
 
-// AMD family 25 (Zen 4; its Zen 3 models lack AVX512_BF16, so never reach the avx512bf16 level) and later:
-// vdpbf16ps at 2.0x (Zen 4) and 1.8x (Zen 5) the FLOP rate of f32 FMA, measured (BENCHMARKS.md); Intel's
-// AVX512_BF16 Xeons run it at half.
+// bf16_dot_fast_on (isa.h) for this CPU.
 static bool bf16_dot_fast() {
   unsigned a, b, c, d;
   if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
   const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; // "AuthenticAMD"
-  if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
   const unsigned family = ((a >> 8) & 0xFu) + (((a >> 8) & 0xFu) == 0xFu ? (a >> 20) & 0xFFu : 0u);
-  return family >= 0x19;
+  return bf16_dot_fast_on(amd, family);
 }
 #else
 Isa machine_isa() { return Isa::scalar; }

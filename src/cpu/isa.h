@@ -34,6 +34,11 @@ Isa emulated_level(); // <level> when the emulation is on, else scalar
 // where that level is emulated. FLASHBACK_BF16_DOT=1 asks for it at any level from avx512bf16 up
 // (amx included, instead of the tiles), =0 never (for tests and benchmarks).
 bool bf16_dot_preferred();
+// The CPUs where vdpbf16ps runs faster than f32 FMA per FLOP, by vendor and family (cpuid's family,
+// extended family added), measured (BENCHMARKS.md): AMD from family 25 (Zen 4, 2.0x; Zen 3, also
+// family 25, has no AVX512_BF16 and never reaches the avx512bf16 level) and 26 (Zen 5, 1.8x); not
+// Intel's Xeons (0.5x).
+constexpr bool bf16_dot_fast_on(bool amd, unsigned family) { return amd && family >= 0x19; }
 // The name of a level, with "-emulated" when the machine lacks it.
 const char* level_name(Isa isa);
 // level_name(active_isa()).
