@@ -660,6 +660,46 @@ TEST_F(Reliability, InfinitiesReachWhatDependsOnThem) {
   }
 }
 
+// An infinity in v or dout meets probabilities that are bf16 values exactly, whose lo parts (the bf16
+// tile products take P and dS as hi + lo) are then 0, in tiles that no mask touches: 0 * inf must not
+// turn the infinity into NaN. Every score 0 (q = 0): the forward's P is 1 for every key, the
+// backward's 1/Sk, a power of two. v[key 0][1] = +inf makes column 1 of every row of o +inf; dout[row
+// 0][2] = -inf makes column 2 of every row of dv -inf; every other column stays finite. (Random inputs
+// met this where a row's largest score came out as P = 1 exactly: 1 run in 6 of
+// InfinitiesReachWhatDependsOnThem before the fix.)
+TEST_F(Reliability, InfinitiesMeetExactProbabilities) {
+  for (fb_dtype dtype : fbtest::level_dtypes()) {
+    const int64_t d = fbtest::head_dim_for(dtype, 16);
+    const flashback::cpu::Tiles t = fbtest::tiles_for(d, 16, true, dtype);
+    int64_t sk = 1;
+    while (sk < 2 * t.bn) sk *= 2;
+    const Case c = make_case(dtype, {1, 2, 1, t.bm + 3, sk, d, 16});
+    SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
+    Inputs in = inputs_for(c);
+    in.q.write(std::vector<double>(in.q.read().size(), 0.0));
+    std::vector<double> v = in.v.read(), dout = in.dout.read();
+    v[1] = kInf;
+    dout[2] = -kInf;
+    in.v.write(v);
+    in.dout.write(dout);
+    const Outputs out = run(c, in);
+    auto expect_column = [&](const std::vector<double>& a, const char* what, int64_t rows, int64_t x, double want) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t col = 0; col < 16; ++col) {
+          const double e = a[r * 16 + col];
+          if (col == x) {
+            EXPECT_EQ(e, want) << what << " row " << r << " column " << col;
+          } else {
+            EXPECT_TRUE(std::isfinite(e)) << what << " row " << r << " column " << col << " = " << e;
+          }
+        }
+    };
+    expect_column(out.o.read(), "o", c.shape.heads_q * c.shape.seqlen_q, 1, kInf);
+    expect_column(out.dv.read(), "dv", c.shape.seqlen_k, 2, -kInf);
+    if (HasFailure()) return;
+  }
+}
+
 // =====================================================================================================
 // 64-bit offsets
 // =====================================================================================================

@@ -43,6 +43,8 @@ struct Mask {
   int32_t lo, hi;
   bool shows(int64_t r, int64_t c) const { return lo <= c - r && c - r <= hi; }
 };
+// The mask of an unmasked tile: every row sees every key (|c - r| < 2^20 inside a tile).
+inline constexpr Mask kShowAll{-(1 << 30), 1 << 30};
 
 inline Mask tile_mask(const core::Band& band, int64_t i0, int64_t j0) {
   // dlo - (j0 - i0) etc.; clamped to what can matter inside a tile (|c - r| < 2^20).

@@ -27,9 +27,12 @@
 //
 // Partially masked tiles (the diagonal band of a causal or windowed mask) take their products on tiles
 // as the others do, with P and dS 0 where masked. A NaN or an infinity in an operand of those products
-// would meet the masked zeros (0 * inf is NaN) and reach rows that do not see it: such products take a
-// copy of the operand with those values zeroed (finite_copy) and add them back, in f32, to the outputs
-// of the rows and keys that see them, so that the other outputs get the same bits as without them
+// would meet the masked zeros (0 * inf is NaN) and reach rows that do not see it, and in any tile it
+// meets the zeros of P's and dS's lo parts (lo = 0 where P is a bf16 value, as P = 1 for a row's
+// largest score; measured: o NaN instead of inf in 1 of 6 runs of
+// Reliability.InfinitiesReachWhatDependsOnThem): such products take a copy of the operand with those
+// values zeroed (finite_copy) and add them back, in f32, to the outputs of the rows and keys that see
+// them, so that the other outputs get the same bits as without them and these the infinity
 // (RELIABILITY.md: non-finite inputs). Before, masked tiles took their products in f32, each row over
 // the keys it sees: the tiles took 0.95x / 0.94x the time of that (forward / backward) of causal bf16
 // at S = 4096, D = 128, 0.81x / 0.77x at S = 512 and 0.74x / 0.66x with a window of 256; f16 0.99x /
@@ -324,15 +327,16 @@ struct MathBf16 {
     // A partially masked tile's P goes to the tiles as an unmasked one's does, 0 where masked.
     void add_softmax(int64_t cols, const Mask* mask) { softmax_rows(cols, mask); }
 
-    // oacc [rows][Dv] = alpha oacc + P V. A masked tile's zeros meet every value of V, and 0 * inf is
-    // NaN, which would reach rows that do not see the key (RELIABILITY.md: non-finite inputs): where V
+    // oacc [rows][Dv] = alpha oacc + P V. A masked tile's zeros, and the zeros of P's lo part in any
+    // tile, meet every value of V, and 0 * inf is NaN, which would reach rows that do not see the key
+    // and turn the infinity of those that do into NaN (RELIABILITY.md: non-finite inputs): where V
     // holds a NaN or an infinity the product takes a copy of it with those values zeroed, and
     // add_nonfinite_keys() adds them to the rows that see them. The other rows get the same bits as
     // without them.
     void add_values(int64_t b, int64_t hk, int64_t j0, int64_t cols, const Mask* mask, bool first) {
       const Dims& z = s_.z;
       const bf16* vb = key_block(b, hk, j0) + z.kt_block();
-      const bool zeroed = mask && !values_finite(b, hk, j0);
+      const bool zeroed = !values_finite(b, hk, j0);
       if (zeroed) vb = finite_copy(vb, z.bnkx / 2 * z.dv_ld, s_.vz);
       BMicro::gemm(rows_, p_.head_dim_v, p_k(cols, z.bnk), s_.pa, p_lo(s_.pa_lo), z.pa_ld, vb, z.dv_ld, s_.oacc,
                    z.o_ld, !first, first || !rescaled_ ? nullptr : s_.alpha);
@@ -340,8 +344,8 @@ struct MathBf16 {
       auto prob = [&](int64_t r, int64_t j) {
         return to_float(s_.pa[r * z.pa_ld + j]) + to_float(s_.pa_lo[r * z.pa_ld + j]);
       };
-      add_nonfinite_keys(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, cols, p_.head_dim_v, rows_, *mask, s_.oacc, z.o_ld,
-                         prob);
+      add_nonfinite_keys(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, cols, p_.head_dim_v, rows_,
+                         mask ? *mask : kShowAll, s_.oacc, z.o_ld, prob);
     }
 
     // Share `share` of `shares` of the packed K^T and V of a key block that comes next (attention.h),
@@ -648,7 +652,7 @@ struct MathBf16 {
       const int64_t bh = b * p_.heads_q + h, cols = cols_;
       const QBlock q = q_block(job_, z, bh, i0 / job_.tiles.bm);
       rows_ = rows;
-      if (mask) tile_mask_ = *mask;
+      tile_mask_ = mask ? *mask : kShowAll;
       masked_ = mask != nullptr;
       f32_products_ = rows <= BMicro::kF32Rows;
       BMicro::gemm(rows, cols, z.dkx, q.qa, x_lo(q.qa, z.bmp, z.dkx), a_ld(z.dkx), s_.ktb, z.kt_ld, s_.s, z.s_ld, false,
@@ -666,7 +670,7 @@ struct MathBf16 {
       const int64_t row0 = (b * p_.heads_q + h) * p_.seqlen_q + i0, rows = rows_, cols = cols_;
       const Mask* mask = masked_ ? &tile_mask_ : nullptr;
       delta_ = job_.delta + row0;
-      zeroed_ = masked_ && !f32_products_ ? zeroed(b, h, i0) : Zeroed{}; // before P overwrites S
+      zeroed_ = !f32_products_ ? zeroed(b, h, i0) : Zeroed{}; // before P overwrites S
       if (job_.need_dv && !f32_products_)
         probs_split(rows, cols, job_.lse2 + row0);
       else
@@ -854,10 +858,11 @@ struct MathBf16 {
     }
 
    private:
-    // The operands of a masked tile's products with P and dS (whose masked entries are 0) that hold a
-    // NaN or an infinity: 0 * inf is NaN, which would reach outputs that do not depend on it
-    // (RELIABILITY.md: non-finite inputs). Those products take copies with such values zeroed
-    // (finite_copy, into the scratch of the f32 products), and what they left out is added to the
+    // The operands of a tile's products with P and dS (whose masked entries are 0, and their lo parts
+    // 0 where they are bf16 values) that hold a NaN or an infinity: 0 * inf is NaN, which would reach
+    // outputs that do not depend on it and turn infinities into NaN (RELIABILITY.md: non-finite
+    // inputs). Those products take copies with such values zeroed (finite_copy, into the scratch of
+    // the f32 products), and what they left out is added to the
     // outputs whose rows and keys the mask shows; the others get the same bits as without them: Q and
     // dO of query block i0 of head h (dK^T = Q^T dS, dV^T = dO^T P), K of the key block (dQ = dS K).
     // S = Q K^T and dP = dO V^T meet them too (their masked lanes are dropped), and each of their
