@@ -683,10 +683,11 @@ TEST_F(Reliability, InfinitiesMeetExactProbabilities) {
     in.v.write(v);
     in.dout.write(dout);
     const Outputs out = run(c, in);
+    const int64_t dv = c.shape.head_dim_v;
     auto expect_column = [&](const std::vector<double>& a, const char* what, int64_t rows, int64_t x, double want) {
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t col = 0; col < 16; ++col) {
-          const double e = a[r * 16 + col];
+        for (int64_t col = 0; col < dv; ++col) {
+          const double e = a[r * dv + col];
           if (col == x) {
             EXPECT_EQ(e, want) << what << " row " << r << " column " << col;
           } else {

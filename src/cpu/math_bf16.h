@@ -868,12 +868,15 @@ struct MathBf16 {
     // S = Q K^T and dP = dO V^T meet them too (their masked lanes are dropped), and each of their
     // entries is NaN or infinite where a row of Q or dO or a row of K is not finite: a finite tile of S
     // clears Q and K, a finite dP clears dO, for a pass over the tile rather than over the inputs.
+    // An unmasked tile needs no copies of Q and K: every row sees every key there, so each output
+    // their products reach with a NaN or an infinity depends on it (through that row or column of S,
+    // P and dS) and may hold NaN; only dO's infinities, which dV receives as they are, are copied.
     struct Zeroed {
       bool q = false, dout = false, k = false;
     };
     Zeroed zeroed(int64_t b, int64_t h, int64_t i0) {
       const Dims& z = s_.z;
-      const bool s_finite = !need_ds_ || F::all_finite(s_.s, z.s_ld, rows_, cols_); // need_ds_: dK or dQ
+      const bool s_finite = !need_ds_ || !masked_ || F::all_finite(s_.s, z.s_ld, rows_, cols_); // dK or dQ
       const bool dp_finite = need_ds_ && job_.need_dv && F::all_finite(s_.dp, z.s_ld, rows_, cols_);
       if (job_.need_dq && !s_finite && keys_finite_ < 0) keys_finite_ = F::all_finite(k_, p_.k.ss, cols_, p_.head_dim);
       Zeroed zr;
