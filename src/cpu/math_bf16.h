@@ -215,33 +215,6 @@ struct MathBf16 {
 
   // --- Forward -------------------------------------------------------------------------------------
 
-  // Cache lines to fetch a few at a time during the vector passes (Forward::upcoming,
-  // Backward::upcoming): the lines [next, end) of a packed region of `packed_lines` lines, followed
-  // (backward) by rows of `row_lines` lines, `ld` bytes apart, from rows_at.
-  struct Prefetch {
-    const char *packed = nullptr, *rows_at = nullptr;
-    int64_t packed_lines = 0, row_lines = 1, ld = 0, next = 0, end = 0;
-    void step(int64_t lines) {
-      for (const int64_t stop = min64(end, next + lines); next < stop; ++next) {
-        const int64_t r = next - packed_lines;
-        __builtin_prefetch(r < 0 ? packed + next * 64 : rows_at + r / row_lines * ld + r % row_lines * 64, 0, 2);
-      }
-    }
-    // The lines left, `parts` steps to go.
-    int64_t quota(int64_t parts) const { return (end - next + parts - 1) / parts; }
-    // Share `share` of `shares` of a region of `total` lines; none where the region is larger than
-    // kMaxBytes. Measured on the Xeon with AMX (side by side, B = 1, S = 4096): fetching ahead gained
-    // where a block's operands were 64 - 192 KiB (bf16 at D = 64 and 128: forward 0.98 - 1.00x the time,
-    // backward 0.94 - 0.98x) and lost where they were larger (bf16 at D = 256: 1.035x forward and
-    // backward; f16 at D = 128, whose operands are split in two and three: 1.06x and 1.07x).
-    static constexpr int64_t kMaxBytes = int64_t{192} << 10;
-    void share_of(int64_t total, int64_t share, int64_t shares) {
-      const bool fits = total * 64 <= kMaxBytes;
-      next = fits ? share * total / shares : 0;
-      end = fits ? (share + 1) * total / shares : 0;
-    }
-  };
-
   // K^T and V are packed once per call when each key block serves many query blocks. Where it serves
   // few (decoding: one block of the G rows of a kv head's query heads), that packed copy of the whole
   // cache (as large as K and V) would be written and read once more for a product or two: decoding
@@ -349,15 +322,21 @@ struct MathBf16 {
     }
 
     // Share `share` of `shares` of the packed K^T and V of a key block that comes next (attention.h),
-    // fetched into the cache during this worker's next softmax; nothing where each work item packs its
-    // key blocks (packs_per_tile) or where they are large (Prefetch::kMaxBytes). The first query block
-    // of an item to use a key block otherwise waits on memory for it.
+    // fetched into L2 during this worker's next softmax, but where they are large (Prefetch::kMaxBytes).
+    // The first query block of an item to use a key block otherwise waits on memory for it. Where each
+    // work item packs its key blocks (packs_per_tile: decoding), the rows of K and V it packs them from,
+    // as the f32 tile math fetches them (math_f32.h: Forward::upcoming).
     void upcoming(int64_t b, int64_t hk, int64_t j0, int64_t share, int64_t shares) {
-      if (s_.kv) return;
       const Dims& z = s_.z;
-      prefetch_.packed = reinterpret_cast<const char*>(kv_block(job_, z, b, hk, j0 / job_.tiles.bn));
-      prefetch_.packed_lines = z.kv_block() * static_cast<int64_t>(sizeof(bf16)) / 64;
-      prefetch_.share_of(prefetch_.packed_lines, share, shares);
+      if (s_.kv) {
+        const int64_t keys = block_keys(j0);
+        prefetch_.share_of(Prefetch::rows_of(row_ptr<const T>(p_.k, b, hk, j0), p_.k.ss, keys, p_.head_dim),
+                           Prefetch::rows_of(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, keys, p_.head_dim_v), share,
+                           shares);
+        return;
+      }
+      const int64_t bytes = z.kv_block() * static_cast<int64_t>(sizeof(bf16));
+      prefetch_.share_of(Prefetch::packed(kv_block(job_, z, b, hk, j0 / job_.tiles.bn), bytes), {}, share, shares);
     }
 
     // The query blocks of a work item share one kv head: K and V packed per tile (packs_per_tile) are
@@ -728,18 +707,14 @@ struct MathBf16 {
     // at half the rate of the others before.
     void upcoming(int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t share, int64_t shares) {
       const Dims& z = s_.z;
-      Prefetch& f = prefetch_;
       const int64_t bh = b * p_.heads_q + h;
-      f.packed = reinterpret_cast<const char*>(q_block(job_, z, bh, i0 / job_.tiles.bm).qa);
-      f.packed_lines = z.q_block() * static_cast<int64_t>(sizeof(bf16)) / 64;
-      int64_t total = f.packed_lines;
-      if (job_.need_dq) {
-        f.rows_at = reinterpret_cast<const char*>(job_.dq_acc + b * job_.dq_sb + h * job_.dq_sh + i0 * job_.dq_ss);
-        f.row_lines = (p_.head_dim * static_cast<int64_t>(sizeof(float)) + 63) / 64;
-        f.ld = job_.dq_ss * static_cast<int64_t>(sizeof(float));
-        total += rows * f.row_lines;
-      }
-      f.share_of(total, share, shares);
+      const int64_t bytes = z.q_block() * static_cast<int64_t>(sizeof(bf16));
+      const Prefetch::Region packed = Prefetch::packed(q_block(job_, z, bh, i0 / job_.tiles.bm).qa, bytes);
+      Prefetch::Region dq;
+      if (job_.need_dq)
+        dq = Prefetch::rows_of(job_.dq_acc + b * job_.dq_sb + h * job_.dq_sh + i0 * job_.dq_ss, job_.dq_ss, rows,
+                               p_.head_dim);
+      prefetch_.share_of(packed, dq, share, shares);
     }
 
     // P = exp2(S * scale * log2(e) - lse2) of a tile (as F::probs, 0 where masked) into s, and P as the B

@@ -4,8 +4,8 @@
 // and f32 ones whose rows lie apart (copies_kv, copies_qdo), are converted to f32 once per call, in
 // the prepare phase, into the shared workspace (B Hk Sk (D + Dv) or B Hq Sq (D + Dv) floats, rows
 // padded), since every block of them is used by many tiles; where the forward's key blocks are used by
-// few (decoding: few_query_blocks), K and V of any storage type are converted (f32: copied) per tile
-// instead. Every output is rounded once from its f32 total.
+// few (decoding: few_query_blocks), they are converted per tile instead, and each next key block is
+// fetched into L2 during the work on the one before. Every output is rounded once from its f32 total.
 //
 // Forward: the scores are computed transposed, S^T = K Q^T [BN keys][BM rows], so Q is packed once per
 // query block and K, V are read in place; the softmax then runs across rows in SIMD lanes. A block of
@@ -80,12 +80,14 @@ struct MathF32 {
 
   // Forward: K and V are converted once per call (the prepare phase) when each key block serves many
   // query blocks. Where it serves few (few_query_blocks: decoding, short chunks), a key block comes
-  // from memory: it is converted per tile, into the item's scratch, by rows (half precision reads half
-  // the bytes that writing and reading an f32 copy moves). f32 is copied the same way: the copy reads
-  // K and V in one sequential stream, where the products read them in place by strided columns that
-  // the hardware prefetchers follow poorly (decoding on Zen 3: 0.73-0.84x the time with the copy). All
-  // give the same f32 values.
-  static bool forward_converts_per_tile(const core::Problem& p, Tiles t) { return few_query_blocks(p, t); }
+  // from memory once: the work item fetches the rows of its next key block into L2 while it works on
+  // one (Forward::upcoming), and converts them per tile, into its scratch (half precision reads half
+  // the bytes that writing and reading an f32 copy moves), or reads f32 rows in place, copying only
+  // those that lie apart (copies_kv). All give the same f32 values.
+  static bool forward_per_tile(const core::Problem& p, Tiles t) { return few_query_blocks(p, t); }
+  static bool forward_converts_per_tile(const core::Problem& p, Tiles t) {
+    return copies_kv(p) && forward_per_tile(p, t);
+  }
   static bool forward_copies_once(const core::Problem& p, Tiles t) {
     return copies_kv(p) && !few_query_blocks(p, t);
   }
@@ -178,7 +180,7 @@ struct MathF32 {
    public:
     Forward(const ForwardJob& job, char* scratch)
         : job_(job), p_(*job.p), t_(job.tiles), s_(p_, t_, scratch), copied_(forward_copies_once(p_, t_)),
-          per_tile_(forward_converts_per_tile(p_, t_)) {}
+          per_tile_(forward_per_tile(p_, t_)), converts_(forward_converts_per_tile(p_, t_)) {}
 
     // A query block: qt [D][BMp] = (Q rows)^T; rows from `rows` up to rp_ (rows rounded up to a vector
     // of kLanes) are zero, and nothing works beyond rp_ (a short block, e.g. Sq = 1 in decoding, takes
@@ -200,7 +202,7 @@ struct MathF32 {
         float* vf;
         k = converted(job_.shared, p_, t_.bn, (b * p_.heads_kv + hk) * job_.kv_blocks + j0 / t_.bn, &vf);
         v = vf;
-      } else if (per_tile_) { // converted here (forward_converts_per_tile), once for the item's blocks
+      } else if (converts_) { // converted here (forward_converts_per_tile), once for the item's blocks
         Forward& owner = *kv_owner_;
         if (owner.kv_j0_ != j0) {
           convert(row_ptr<const T>(p_.k, b, hk, j0), p_.k.ss, d, row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, dv,
@@ -238,13 +240,31 @@ struct MathF32 {
       } else {
         Micro::gemm(cols, rp_, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, false, nullptr);
       }
+      prefetch_.step(prefetch_.quota(3)); // the next key block's rows (upcoming), a third at a time
       Micro::softmax_t(s_.st, s_.bmp, rp_, cols, log2_scale(p_), mask, s_.m, s_.l, s_.alpha);
+      prefetch_.step(prefetch_.quota(2));
       // oacc [rows][Dv] = alpha * oacc + P V   (P(r, c) = st[c][r]); row r sums only the keys it sees
       if (mask)
         Micro::gemm_banded(rows_, dv, cols, s_.st, 1, s_.bmp, v, ldv, s_.oacc, s_.dvp, !first,
                            first ? nullptr : s_.alpha, mask->lo, mask->hi);
       else
         Micro::gemm(rows_, dv, cols, s_.st, 1, s_.bmp, v, ldv, s_.oacc, s_.dvp, !first, first ? nullptr : s_.alpha);
+      prefetch_.step(prefetch_.quota(1));
+    }
+
+    // Share `share` of `shares` of the rows of K and V of the key block from j0, which comes next
+    // (attention.h), fetched into L2 during this worker's add(), where each work item reads its key
+    // blocks per tile (forward_per_tile: decoding). Without it a key block's first reads wait on memory
+    // while the products of the one before leave the memory idle. Measured on Zen 4, side by side (Hq =
+    // 32, Hk = 8, Sq = 1, Sk = 8192, with f32 rows read in place rather than copied): f32 0.78x the time
+    // at D = 128 and 0.61x at D = 64, f16 0.75x at D = 128; at the avx2 level 0.52x at D = 64 and no
+    // change at D = 128, whose 128-key blocks leave it bound by the products (BENCHMARKS.md).
+    void upcoming(int64_t b, int64_t hk, int64_t j0, int64_t share, int64_t shares) {
+      if (!per_tile_) return;
+      const int64_t keys = min64(p_.seqlen_k, j0 + t_.bn) - j0;
+      prefetch_.share_of(Prefetch::rows_of(row_ptr<const T>(p_.k, b, hk, j0), p_.k.ss, keys, p_.head_dim),
+                         Prefetch::rows_of(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, keys, p_.head_dim_v), share,
+                         shares);
     }
 
     // The query blocks of a work item share one kv head: K and V converted per tile (half precision,
@@ -269,7 +289,9 @@ struct MathF32 {
     Tiles t_;
     ForwardScratch s_;
     bool copied_; // K and V were converted once per call (forward_copies_once)
-    bool per_tile_; // K and V are converted or copied per tile (forward_converts_per_tile)
+    bool per_tile_; // K and V are read per tile, each next key block fetched ahead (forward_per_tile)
+    bool converts_; // K and V are converted or copied per tile (forward_converts_per_tile)
+    Prefetch prefetch_;
     int64_t rows_ = 0, rp_ = 0;
     Forward* kv_owner_ = this; // whose kf, vf hold the converted key block (share_converted)
     int64_t kv_j0_ = -1;       // the first key of the block converted into this one's kf, vf

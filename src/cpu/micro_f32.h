@@ -198,14 +198,22 @@ struct MicroF32 {
   }
 
   // Whether src[r][c] is finite for every r < rows, c < cols: a sum of x * 0, which stays 0 unless some
-  // x is NaN or infinite (x * 0 is NaN then).
+  // x is NaN or infinite (x * 0 is NaN then). Four sums, four vectors of a row at a time: one chain of
+  // FMAs waited on each FMA's latency (bf16 decoding on Zen 4, a block of V: 14% of the time).
   template <class T>
   static bool all_finite(const T* src, int64_t lds, int64_t rows, int64_t cols) {
-    R acc = V::zero();
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c0 = 0; c0 < cols; c0 += L)
-        acc = V::fma(V::load(src + r * lds + c0, static_cast<int>(min64(L, cols - c0))), V::zero(), acc);
-    return V::reduce_add(acc) == 0.0f;
+    R acc[4] = {V::zero(), V::zero(), V::zero(), V::zero()};
+    const R zero = V::zero();
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = src + r * lds;
+      int64_t c0 = 0;
+      for (; c0 + 4 * L <= cols; c0 += 4 * L)
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) acc[i] = V::fma(V::load(row + c0 + i * L, L), zero, acc[i]);
+      for (; c0 < cols; c0 += L)
+        acc[0] = V::fma(V::load(row + c0, static_cast<int>(min64(L, cols - c0))), zero, acc[0]);
+    }
+    return V::reduce_add(V::add(V::add(acc[0], acc[1]), V::add(acc[2], acc[3]))) == 0.0f;
   }
 
   // --- Softmax pieces ------------------------------------------------------------------------------
