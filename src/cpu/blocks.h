@@ -126,6 +126,7 @@ struct Prefetch {
 
   Region region[2];
   int64_t next = 0, end = 0;
+  int64_t paced_lines = 0; // per paced() step (pace)
 
   // The next `lines` lines (prefetcht1: into L2), one division per region reached rather than per line.
   void step(int64_t lines) {
@@ -146,6 +147,11 @@ struct Prefetch {
   }
   // The lines left, `parts` steps to go.
   int64_t quota(int64_t parts) const { return (end - next + parts - 1) / parts; }
+  // The lines left spread over `steps` calls of paced(): the microkernels take one step per k of a
+  // product (gemm_fetching), so that the fetches go out at about the pace the memory serves them
+  // rather than in bursts that stall the core on its outstanding misses while the memory then idles.
+  void pace(int64_t steps) { paced_lines = quota(steps > 0 ? steps : 1); }
+  void paced() { step(paced_lines); }
   // Share `share` of `shares` of the lines of `first` and `second`; none where they are larger than
   // kMaxBytes. Measured on the Xeon with AMX (side by side, B = 1, S = 4096): fetching ahead gained
   // where a block's operands were 64 - 192 KiB (bf16 at D = 64 and 128: forward 0.98 - 1.00x the time,

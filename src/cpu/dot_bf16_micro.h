@@ -48,13 +48,15 @@ struct DotBf16Micro {
   static void end() {}
 
   // C[mr][nv*16] at c: (acc ? row_scale * C : 0) + (A + A_lo) B over kk (even) k; A rows a + r * lda,
-  // B words b + w * ldb (ldb in bf16). The last vector of each row is masked by `last` when kTail.
+  // B words b + w * ldb (ldb in bf16). The last vector of each row is masked by `last` when kTail. With
+  // a fetch ahead (pf), one of its paced steps per pair of k (MicroF32::gemm_fetching).
   template <int mr, int nv, bool kTail, bool kLo>
   static void tile(int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda, const bf16* b, int64_t ldb, float* c,
-                   int64_t ldc, bool acc, const float* row_scale, K last) {
+                   int64_t ldc, bool acc, const float* row_scale, K last, Prefetch* pf) {
     R cr[mr][nv];
     F::template load_c<mr, nv, kTail>(cr, c, ldc, acc, row_scale, last);
     for (int64_t k = 0; k < kk; k += 2) {
+      if (pf) pf->paced();
       const bf16* brow = b + (k / 2) * ldb;
       typename W::reg bv[nv];
 #pragma GCC unroll 4
@@ -75,7 +77,7 @@ struct DotBf16Micro {
   }
 
   using TileFn = void (*)(int64_t, const bf16*, const bf16*, int64_t, const bf16*, int64_t, float*, int64_t, bool,
-                          const float*, K);
+                          const float*, K, Prefetch*);
   template <int mr, int nv = 1>
   static TileFn pick_nv(int want_nv, bool tail, bool lo) {
     if constexpr (nv > NV) {
@@ -100,20 +102,24 @@ struct DotBf16Micro {
   // C[m][n] = (acc ? row_scale * C : 0) + (A + A_lo) (B + B_lo); A, A_lo bf16 [m][kk] (lda), B, B_lo
   // VNNI [kk/2][ldb] with >= round_up(n, 16) columns, kk a multiple of kK; a_lo and b_lo may be null,
   // not both given; only C[m][n] is read or written. Tiled as MicroF32 tiles f32
-  // (MicroF32::for_each_tile); B_lo in a second pass over C.
+  // (MicroF32::for_each_tile); B_lo in a second pass over C. With pf, one of its paced steps per pair
+  // of k of each tile and pass (k_steps in all).
   static void gemm(int64_t m, int64_t n, int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda, const bf16* b,
-                   int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale, const bf16* b_lo = nullptr) {
+                   int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale, const bf16* b_lo = nullptr,
+                   Prefetch* pf = nullptr) {
     if (b_lo) {
-      gemm(m, n, kk, a, a_lo, lda, b, ldb, c, ldc, acc, row_scale);
-      gemm(m, n, kk, a, a_lo, lda, b_lo, ldb, c, ldc, true, nullptr);
+      gemm(m, n, kk, a, a_lo, lda, b, ldb, c, ldc, acc, row_scale, nullptr, pf);
+      gemm(m, n, kk, a, a_lo, lda, b_lo, ldb, c, ldc, true, nullptr, nullptr, pf);
       return;
     }
     F::for_each_tile(m, n, [&](int64_t r0, int64_t mr, int64_t c0, int nv, bool tail, K last) {
       pick_tile(static_cast<int>(mr), nv, tail, a_lo != nullptr)(
           kk, a + r0 * lda, a_lo ? a_lo + r0 * lda : nullptr, lda, b + 2 * c0, ldb, c + r0 * ldc + c0, ldc, acc,
-          row_scale ? row_scale + r0 : nullptr, last);
+          row_scale ? row_scale + r0 : nullptr, last, pf);
     });
   }
+  // The paced steps of gemm(m, n, kk) with pf, without B_lo.
+  static int64_t k_steps(int64_t m, int64_t n, int64_t kk) { return F::k_steps(m, n, kk / 2); }
 };
 
 } // namespace

@@ -293,8 +293,14 @@ struct MathBf16 {
     // s [rows][cols] = Q K^T (unscaled).
     void add_scores(int64_t b, int64_t hk, int64_t j0, int64_t cols) {
       const Dims& z = s_.z;
-      BMicro::gemm(rows_, cols, z.dkx, s_.qa, x_lo(s_.qa, z.bmp, z.dkx), a_ld(z.dkx), key_block(b, hk, j0),
-                   z.kt_ld, s_.s, z.s_ld, false, nullptr);
+      const bf16* kt = key_block(b, hk, j0);
+      if constexpr (kPacedFetch) { // the fetch ahead's steps: one per pair of k of this block's products
+        if (paced())
+          prefetch_.pace(BMicro::k_steps(rows_, cols, z.dkx) +
+                         BMicro::k_steps(rows_, p_.head_dim_v, p_k(cols, z.bnk)));
+      }
+      product(rows_, cols, z.dkx, s_.qa, x_lo(s_.qa, z.bmp, z.dkx), a_ld(z.dkx), kt, z.kt_ld, s_.s, z.s_ld, false,
+              nullptr);
     }
 
     // A partially masked tile's P goes to the tiles as an unmasked one's does, 0 where masked.
@@ -311,8 +317,9 @@ struct MathBf16 {
       const bf16* vb = key_block(b, hk, j0) + z.kt_block();
       const bool zeroed = !values_finite(b, hk, j0);
       if (zeroed) vb = finite_copy(vb, z.bnkx / 2 * z.dv_ld, s_.vz);
-      BMicro::gemm(rows_, p_.head_dim_v, p_k(cols, z.bnk), s_.pa, p_lo(s_.pa_lo), z.pa_ld, vb, z.dv_ld, s_.oacc,
-                   z.o_ld, !first, first || !rescaled_ ? nullptr : s_.alpha);
+      product(rows_, p_.head_dim_v, p_k(cols, z.bnk), s_.pa, p_lo(s_.pa_lo), z.pa_ld, vb, z.dv_ld, s_.oacc, z.o_ld,
+              !first, first || !rescaled_ ? nullptr : s_.alpha);
+      prefetch_.step(prefetch_.quota(1)); // what the products' paced steps left (upcoming)
       if (!zeroed) return;
       auto prob = [&](int64_t r, int64_t j) {
         return to_float(s_.pa[r * z.pa_ld + j]) + to_float(s_.pa_lo[r * z.pa_ld + j]);
@@ -325,7 +332,8 @@ struct MathBf16 {
     // fetched into L2 during this worker's next softmax, but where they are large (Prefetch::kMaxBytes).
     // The first query block of an item to use a key block otherwise waits on memory for it. Where each
     // work item packs its key blocks (packs_per_tile: decoding), the rows of K and V it packs them from,
-    // as the f32 tile math fetches them (math_f32.h: Forward::upcoming).
+    // as the f32 tile math fetches them, in paced steps through the products where the microkernel
+    // takes them (math_f32.h: Forward::upcoming; product() below).
     void upcoming(int64_t b, int64_t hk, int64_t j0, int64_t share, int64_t shares) {
       const Dims& z = s_.z;
       if (s_.kv) {
@@ -356,6 +364,19 @@ struct MathBf16 {
    private:
     // The keys of key block j0 (a tile may take fewer: attention.h trims masked ones).
     int64_t block_keys(int64_t j0) const { return min64(p_.seqlen_k, j0 + job_.tiles.bn) - j0; }
+
+    // Where each work item packs its key blocks (s_.kv), the microkernels take the fetch ahead of the next
+    // one in paced steps through this block's products, one per pair of k (DotBf16Micro; AMX's tiles
+    // run their k in a few large steps, and take it during the softmax as a packed block's).
+    static constexpr bool kPacedFetch = requires { BMicro::k_steps(1, 1, 1); };
+    bool paced() const { return kPacedFetch && s_.kv; }
+    void product(int64_t m, int64_t n, int64_t kk, const bf16* a, const bf16* a_lo, int64_t lda, const bf16* b,
+                 int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale) {
+      if constexpr (kPacedFetch) {
+        if (paced()) return BMicro::gemm(m, n, kk, a, a_lo, lda, b, ldb, c, ldc, acc, row_scale, nullptr, &prefetch_);
+      }
+      BMicro::gemm(m, n, kk, a, a_lo, lda, b, ldb, c, ldc, acc, row_scale);
+    }
 
     // The packed K^T of key block j0 (V follows it): packed here where each work item packs its key
     // blocks (packs_per_tile), once for the item's query blocks, else the call's shared copy.
@@ -389,7 +410,8 @@ struct MathBf16 {
     void softmax_rows(int64_t cols, const Mask* mask) {
       rescaled_ = false;
       int64_t r = 0;
-      const int64_t lines = prefetch_.quota(rows_); // per row, from upcoming()
+      // per row, from upcoming(); none where the products take paced steps of it (add_scores)
+      const int64_t lines = paced() ? 0 : prefetch_.quota(rows_);
       if (!mask && cols == s_.z.bnk) {
         if (cols == 128) softmax_wholes<8, 4>(r, lines);
         else if (cols == 64) softmax_wholes<4, 4>(r, lines);

@@ -230,35 +230,42 @@ struct MathF32 {
         v += span.k0 * ldv;
         cols = span.k1 - span.k0;
       }
+      // The next key block's rows (upcoming) are fetched one paced step per k of the products, the rest
+      // after them (a masked tile's P V, gemm_banded, takes none).
+      const bool few = s_.kt && rows_ <= kFewRows;
+      Prefetch* pf = per_tile_ ? &prefetch_ : nullptr;
+      if (pf)
+        pf->pace((few ? Micro::k_steps(rows_, cols, d) : Micro::k_steps(cols, rp_, d)) +
+                 (mask ? 0 : Micro::k_steps(rows_, dv, cols)));
       // st [cols][rp_] (ld BMp) = K Q^T, then P^T = exp2((S^T - m) * scale * log2(e)). A block of
       // few rows takes S = Q K^T (Q(r, x) = qt[x][r]) and transposes it: each score is the same FMA
       // chain over D either way, so the same bits.
-      if (s_.kt && rows_ <= kFewRows) {
+      if (few) {
         Micro::pack_t(k, ldk, cols, d, s_.kt, s_.bnp, round_up(cols, kLanes));
-        Micro::gemm(rows_, cols, d, s_.qt, 1, s_.bmp, s_.kt, s_.bnp, s_.s, s_.bnp, false, nullptr);
+        Micro::gemm_fetching(rows_, cols, d, s_.qt, 1, s_.bmp, s_.kt, s_.bnp, s_.s, s_.bnp, false, nullptr, pf);
         Micro::pack_t(s_.s, s_.bnp, rows_, cols, s_.st, s_.bmp, rp_);
       } else {
-        Micro::gemm(cols, rp_, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, false, nullptr);
+        Micro::gemm_fetching(cols, rp_, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, false, nullptr, pf);
       }
-      prefetch_.step(prefetch_.quota(3)); // the next key block's rows (upcoming), a third at a time
       Micro::softmax_t(s_.st, s_.bmp, rp_, cols, log2_scale(p_), mask, s_.m, s_.l, s_.alpha);
-      prefetch_.step(prefetch_.quota(2));
       // oacc [rows][Dv] = alpha * oacc + P V   (P(r, c) = st[c][r]); row r sums only the keys it sees
       if (mask)
         Micro::gemm_banded(rows_, dv, cols, s_.st, 1, s_.bmp, v, ldv, s_.oacc, s_.dvp, !first,
                            first ? nullptr : s_.alpha, mask->lo, mask->hi);
       else
-        Micro::gemm(rows_, dv, cols, s_.st, 1, s_.bmp, v, ldv, s_.oacc, s_.dvp, !first, first ? nullptr : s_.alpha);
+        Micro::gemm_fetching(rows_, dv, cols, s_.st, 1, s_.bmp, v, ldv, s_.oacc, s_.dvp, !first,
+                             first ? nullptr : s_.alpha, pf);
       prefetch_.step(prefetch_.quota(1));
     }
 
     // Share `share` of `shares` of the rows of K and V of the key block from j0, which comes next
-    // (attention.h), fetched into L2 during this worker's add(), where each work item reads its key
-    // blocks per tile (forward_per_tile: decoding). Without it a key block's first reads wait on memory
-    // while the products of the one before leave the memory idle. Measured on Zen 4, side by side (Hq =
-    // 32, Hk = 8, Sq = 1, Sk = 8192, with f32 rows read in place rather than copied): f32 0.78x the time
-    // at D = 128 and 0.61x at D = 64, f16 0.75x at D = 128; at the avx2 level 0.52x at D = 64 and no
-    // change at D = 128, whose 128-key blocks leave it bound by the products (BENCHMARKS.md).
+    // (attention.h), fetched into L2 during this worker's add(), a paced step per k of its products
+    // (gemm_fetching), where each work item reads its key blocks per tile (forward_per_tile: decoding).
+    // Without it a key block's first reads wait on memory while the products of the one before leave
+    // the memory idle; fetched in a few bursts between the products, the bursts stall the core on its
+    // outstanding misses. Measured on Zen 4, side by side (Hq = 32, Hk = 8, Sq = 1, Sk = 8192, f32 rows
+    // read in place rather than copied): f32 0.60 - 0.73x the time of neither at D = 128 and 0.52x at
+    // D = 64 (in bursts: 0.78x and 0.61x), f16 0.80x; at the avx2 level 0.83x (BENCHMARKS.md).
     void upcoming(int64_t b, int64_t hk, int64_t j0, int64_t share, int64_t shares) {
       if (!per_tile_) return;
       const int64_t keys = min64(p_.seqlen_k, j0 + t_.bn) - j0;

@@ -35,6 +35,14 @@ struct ScalarMicro {
     }
   }
 
+  // gemm without the paced steps of a fetch ahead: its lines all go after the products (math_f32.h).
+  static int64_t k_steps(int64_t, int64_t, int64_t) { return 0; }
+  static void gemm_fetching(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks,
+                            const float* b, int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale,
+                            Prefetch*) {
+    gemm(m, n, kk, a, ars, aks, b, ldb, c, ldc, acc, row_scale);
+  }
+
   // gemm where row i sums only over k in [i + lo, i + hi]: see blocks.h.
   static void gemm_banded(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
                           int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale, int64_t lo,
