@@ -128,8 +128,14 @@ struct Prefetch {
   int64_t next = 0, end = 0;
   int64_t paced_lines = 0; // per paced() step (pace)
 
-  // The next `lines` lines (prefetcht1: into L2), one division per region reached rather than per line.
+  // The next `lines` lines (prefetcht1: into L2).
   void step(int64_t lines) {
+    walk(lines, [](const char* line) { __builtin_prefetch(line, 0, 2); });
+  }
+  // fetch(address) for each of the next `lines` lines, in order: one division per region reached
+  // rather than per line (bf16 decoding at D = 64 took 1.13 - 1.25x the time with one per line).
+  template <class Fetch>
+  void walk(int64_t lines, Fetch&& fetch) {
     const int64_t split = region[0].lines(), stop = min64(end, next + lines);
     while (next < stop) {
       const bool first = next < split;
@@ -137,7 +143,7 @@ struct Prefetch {
       const int64_t x = first ? next : next - split, last = first ? min64(stop, split) : stop;
       int64_t row = x / g.row_lines, line = x % g.row_lines;
       for (; next < last; ++next) {
-        __builtin_prefetch(g.at + row * g.ld + line * 64, 0, 2);
+        fetch(g.at + row * g.ld + line * 64);
         if (++line == g.row_lines) {
           line = 0;
           ++row;
