@@ -84,15 +84,27 @@ configure_sanitized() {
 #   hardware, and stays;
 # - on emulated tiles, the 20 runs over thread counts (determinism, which the sanitizers do not check;
 #   the other amx_emulated tests run the same code under them): 142 s of the sanitized suite's 1,083
-#   on an AMD Zen 4 guest, where .ci/run took 21 minutes with it.
+#   on an AMD Zen 4 guest, where .ci/run took 21 minutes with it;
+# - where bf16_dot stays, the non-finite inputs on emulated tiles: the same bf16 tile math's copies and
+#   additions of NaN and infinity (math_bf16.h) that bf16_dot's test runs under the sanitizers, over
+#   the slowest microkernel (93 s of the sanitized suite's 961 on the Zen 4 guest, the longest test, when
+#   .ci/run took 22.4 minutes); elsewhere it is the sanitized run of those paths, and stays.
 stage_asan() {
   configure_sanitized asan address,undefined && build asan || return 1
   local exclude='^amx_emulated\.Reliability\.TwentyRunsOverThreadCountsGiveTheSameBits$' dot=1
   build-asan/tools/flashback info 2>/dev/null | grep -Eq '^kernels:.* bf16 avx512bf16,' || dot=0
-  [ $dot -eq 1 ] || exclude="^bf16_dot\.|$exclude"
+  if [ $dot -eq 1 ]; then
+    exclude="^amx_emulated\.Reliability\.NonFiniteInputsAffectOnlyWhatDependsOnThem$|$exclude"
+  else
+    exclude="^bf16_dot\.|$exclude"
+  fi
   run_ctest asan 1800 -E "$exclude"
   local rc=$?
-  [ $dot -eq 1 ] || note "    asan: the bf16_dot registration left out (bf16 does not run vdpbf16ps here by default)"
+  if [ $dot -eq 1 ]; then
+    note "    asan: amx_emulated's non-finite inputs left out (bf16_dot runs the same paths sanitized)"
+  else
+    note "    asan: the bf16_dot registration left out (bf16 does not run vdpbf16ps here by default)"
+  fi
   return $rc
 }
 
