@@ -358,8 +358,10 @@ void backward(const core::Problem& p, void* workspace) {
   const int64_t rows = p.batch * p.heads_q * p.seqlen_q;
   job.k_group = l.group;
   job.block_scratch = l.block;
-  const int64_t items = backward_items(p, l.tiles, l.group) * l.splits;
-  const int64_t prepare_items = ks.backward_prepare_items(job);
+  // Without dq, dk and dv (delta only, or nothing) phase 1 is all there is to do.
+  const bool gradients = job.need_dq || job.need_dk || job.need_dv;
+  const int64_t items = gradients ? backward_items(p, l.tiles, l.group) * l.splits : 0;
+  const int64_t prepare_items = gradients ? ks.backward_prepare_items(job) : 0;
   std::atomic<int64_t> next_prepare{0}, next{0};
   run_team(l.threads, [&](int tid, int nt) {
     // Phase 1: delta = rowsum(dO * O), lse2, zeroed dQ accumulator (static row ranges); operands the
