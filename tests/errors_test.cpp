@@ -257,20 +257,24 @@ TEST(Errors, SizesAndStridesThatOverflow) {
          a.q.shape[0] = int64_t{1} << 32;
          a.q.shape[1] = int64_t{1} << 32;
        },
-       kInvalid, {"q.shape: the element count of [4294967296, 4294967296, 5, 8] overflows int64"}},
+       kInvalid, {"q.shape: expected an element count of at most 2^63 - 1, got the count of [4294967296, 4294967296, 5, 8], "
+                  "which overflows int64"}},
       {"one stride times its size", kBoth, [](Args& a) { a.k.stride[2] = kBig; }, kInvalid,
-       {"k.stride: the largest element offset of shape [2, 2, 7, 8] overflows int64"}},
+       {"k.stride: expected element offsets of at most 2^63 - 1, got the largest element offset of shape [2, 2, 7, 8] "
+        "and strides [112, 56, 4611686018427387904, 1], which overflows int64"}},
       {"the sum of the offsets", kBoth,
        [](Args& a) {
          a.v.stride[0] = kBig; // (2 - 1) * 2^62 + (2 - 1) * 2^62 = 2^63
          a.v.stride[1] = kBig;
        },
-       kInvalid, {"v.stride: the largest element offset", "overflows int64"}},
+       kInvalid, {"v.stride: expected element offsets of at most 2^63 - 1, got the largest element offset", "overflows int64"}},
       {"the byte extent", kBoth, [](Args& a) { a.o.stride[0] = kBig / 2; }, kInvalid,
-       {"o: the byte extent of shape [2, 4, 5, 6] overflows int64"}},
+       {"o: expected a byte extent of at most 2^63 - 1, got the byte extent of shape [2, 4, 5, 6] and strides "
+        "[2305843009213693952, 30, 6, 1], which overflows int64"}},
       {"the address space", kBoth,
        [](Args& a) { a.q.data = reinterpret_cast<void*>(std::numeric_limits<uintptr_t>::max() - 64); }, kInvalid,
-       {"q.data: the tensor's 1280 bytes wrap around the address space"}},
+       {"q.data: the tensor's 1280 bytes wrap around the address space; expected them to end at most at 2^64, "
+        "got data = 0xffffffffffffffbf"}},
       {"Sq + Sk", kBoth,
        [](Args& a) {
          // D = Dv = 1 and zero sequence strides keep every element count and extent inside int64 while
@@ -363,7 +367,7 @@ TEST(Errors, ReservedParamsAreUnsupported) {
        {"params.dropout_p", "expected 0, got 0.1"}},
       {"alibi_slopes", kBoth, [](Args& a) { a.params.alibi_slopes = &some_tensor; }, kUnsupported,
        {"params.alibi_slopes", "expected NULL"}},
-      {"bias", kBoth, [](Args& a) { a.params.bias = &some_tensor; }, kUnsupported, {"params.bias", "expected NULL"}},
+      {"bias", kBoth, [](Args& a) { a.params.bias = &some_tensor; }, kUnsupported, {"params.bias", "expected NULL, got 0x"}},
       {"bias_grad", kBoth, [](Args& a) { a.params.bias_grad = &some_output; }, kUnsupported,
        {"params.bias_grad", "expected NULL"}},
       {"cu_seqlens_q", kBoth, [](Args& a) { a.params.cu_seqlens_q = &some_tensor; }, kUnsupported,
@@ -385,7 +389,7 @@ TEST(Errors, ReservedDropoutSeedIsUnsupported) {
 TEST(Errors, OutputsOverlappingInputsOrOutputs) {
   expect_all_rejected({
       {"o on q", kForward, [](Args& a) { a.o.data = a.q.data; }, kInvalid,
-       {"o.data: the output overlaps the input q; expected disjoint memory"}},
+       {"o.data: the output overlaps the input q; expected disjoint memory, got bytes [0x", ") and [0x"}},
       {"o inside v", kForward, [](Args& a) { a.o.data = static_cast<float*>(a.v.data) + 5; }, kInvalid,
        {"o.data: the output overlaps the input v"}},
       {"lse in k", kForward, [](Args& a) { a.lse.data = static_cast<float*>(a.k.data) + 3; }, kInvalid,

@@ -74,7 +74,8 @@ typedef struct fb_params {
   int32_t causal;       /* non-zero: bottom-right causal mask; sets window_right to 0 */
   int64_t window_left;  /* -1: unbounded */
   int64_t window_right; /* -1: unbounded */
-  int32_t has_scale;    /* 0: scale = 1/sqrt(D); else `scale`, which must be finite and > 0 */
+  int32_t has_scale;    /* 0: scale = 1/sqrt(D); else `scale`, which must be finite and > 0 and stay so
+                         * in float32 (about 1.4e-45 to 3.4e38), the precision it is applied in */
   double scale;
   int32_t num_threads; /* 0: the library's default (FLASHBACK_NUM_THREADS, else OpenMP's) */
 
@@ -145,10 +146,10 @@ FB_API const char* fb_version(void);
 FB_API const char* fb_cpu_isa(void);
 
 /* The instruction-set level of the kernels that run a dtype here, named as fb_cpu_isa() names levels:
- * "amx" (bf16, and f16 with head dims of 96 and more, on AMX tiles), "avx512bf16" (bf16 with
+ * "amx" (bf16, and f16 with head dims of 64 and more, on AMX tiles), "avx512bf16" (bf16 with
  * vdpbf16ps), or the f32 kernels' level ("avx512", "avx2", "scalar"), which f16, and bf16 elsewhere, run
  * after converting to f32. For f16 at "amx": the level of problems whose larger head dim max(D, Dv) is
- * at least 96; smaller ones run the "avx512" kernels. NULL for a value that is not an fb_dtype. */
+ * at least 64; smaller ones run the "avx512" kernels. NULL for a value that is not an fb_dtype. */
 FB_API const char* fb_cpu_kernels_isa(fb_dtype dtype);
 
 #ifdef __cplusplus

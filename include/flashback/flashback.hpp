@@ -86,7 +86,7 @@ struct Params {
   bool causal = false;
   int64_t window_left = -1;  // -1: unbounded
   int64_t window_right = -1; // -1: unbounded
-  std::optional<double> scale; // default 1/sqrt(D)
+  std::optional<double> scale; // default 1/sqrt(D); finite and > 0, also once rounded to float32
   int num_threads = 0;         // 0: library default
 
   fb_params to_c() const {

@@ -49,6 +49,14 @@ std::string shape_str(const fb_tensor& t) {
   return s.str();
 }
 
+std::string stride_str(const fb_tensor& t) {
+  std::ostringstream s;
+  s << "[";
+  for (int i = 0; i < t.rank && i < FB_MAX_RANK; ++i) s << (i ? ", " : "") << t.stride[i];
+  s << "]";
+  return s.str();
+}
+
 // What validation learned about one tensor: its dtype and the bytes it may touch.
 struct Checked {
   const fb_tensor* t = nullptr;
@@ -77,7 +85,8 @@ Checked check_tensor(const fb_tensor* t, const char* name, int rank) {
     if (t->shape[i] < 0) invalid(name, ".shape[", i, "] (", dims[i], "): expected >= 0, got ", t->shape[i]);
     if (t->stride[i] < 0) invalid(name, ".stride[", i, "]: expected >= 0, got ", t->stride[i]);
     if (mul_overflows(numel, t->shape[i], &numel))
-      invalid(name, ".shape: the element count of ", shape_str(*t), " overflows int64");
+      invalid(name, ".shape: expected an element count of at most 2^63 - 1, got the count of ", shape_str(*t),
+              ", which overflows int64");
   }
   if (t->shape[rank - 1] > 1 && t->stride[rank - 1] != 1)
     invalid(name, ".stride[", rank - 1, "]: the last dimension must be contiguous: expected 1, got ",
@@ -87,16 +96,19 @@ Checked check_tensor(const fb_tensor* t, const char* name, int rank) {
   for (int i = 0; i < rank; ++i) {
     int64_t span = 0;
     if (mul_overflows(t->shape[i] - 1, t->stride[i], &span) || add_overflows(max_offset, span, &max_offset))
-      invalid(name, ".stride: the largest element offset of shape ", shape_str(*t), " overflows int64");
+      invalid(name, ".stride: expected element offsets of at most 2^63 - 1, got the largest element offset of shape ",
+              shape_str(*t), " and strides ", stride_str(*t), ", which overflows int64");
   }
   int64_t extent = 0;
   if (add_overflows(max_offset, 1, &extent) ||
       mul_overflows(extent, static_cast<int64_t>(dtype_size(c.dtype)), &c.extent_bytes))
-    invalid(name, ": the byte extent of shape ", shape_str(*t), " overflows int64");
+    invalid(name, ": expected a byte extent of at most 2^63 - 1, got the byte extent of shape ", shape_str(*t),
+            " and strides ", stride_str(*t), ", which overflows int64");
   if (t->data == nullptr) invalid(name, ".data: expected a pointer to ", numel, " elements, got NULL");
   uintptr_t end = 0;
   if (__builtin_add_overflow(reinterpret_cast<uintptr_t>(t->data), static_cast<uintptr_t>(c.extent_bytes), &end))
-    invalid(name, ".data: the tensor's ", c.extent_bytes, " bytes wrap around the address space");
+    invalid(name, ".data: the tensor's ", c.extent_bytes, " bytes wrap around the address space; expected them to end ",
+            "at most at 2^64, got data = ", t->data);
   return c;
 }
 
@@ -189,6 +201,13 @@ bool may_overlap(const Footprint& a, const Footprint& b) {
   return solvable(s, lo, hi, reach, 0, n, static_cast<__int128>(b.base) - static_cast<__int128>(a.base), &budget);
 }
 
+// The range of addresses a tensor's bytes lie in: "[0x..., 0x...)".
+std::string bytes_str(const Footprint& f) {
+  std::ostringstream s;
+  s << "[0x" << std::hex << f.base << ", 0x" << f.base + static_cast<uintptr_t>(f.extent) << ")";
+  return s.str();
+}
+
 // An output whose elements alias each other (a zero stride, interleaved strides) cannot be written.
 bool self_overlaps(const Footprint& f) {
   int64_t strides[FB_MAX_RANK + 1], shapes[FB_MAX_RANK + 1];
@@ -220,11 +239,11 @@ void check_outputs_disjoint(const Checked* outputs, int n_out, const Checked* in
     for (int j = 0; j < n_in; ++j)
       if (inputs[j].t && may_overlap(fo, footprint(inputs[j])))
         invalid(outputs[i].name, ".data: the output overlaps the input ", inputs[j].name,
-                "; expected disjoint memory");
+                "; expected disjoint memory, got bytes ", bytes_str(fo), " and ", bytes_str(footprint(inputs[j])));
     for (int j = 0; j < i; ++j)
       if (outputs[j].t && may_overlap(fo, footprint(outputs[j])))
         invalid(outputs[i].name, ".data: the output overlaps the output ", outputs[j].name,
-                "; expected disjoint memory");
+                "; expected disjoint memory, got bytes ", bytes_str(fo), " and ", bytes_str(footprint(outputs[j])));
   }
 }
 
@@ -239,11 +258,14 @@ void read_params(const fb_params* params, Problem& p) {
   if (params->dropout_p != 0.0f) unsupported("params.dropout_p: dropout is not supported yet; expected 0, got ", params->dropout_p);
   if (params->dropout_seed != 0)
     unsupported("params.dropout_seed: dropout is not supported yet; expected 0, got ", params->dropout_seed);
-  if (params->alibi_slopes) unsupported("params.alibi_slopes: ALiBi is not supported yet; expected NULL");
-  if (params->bias) unsupported("params.bias: an additive bias is not supported yet; expected NULL");
-  if (params->bias_grad) unsupported("params.bias_grad: bias gradients are not supported yet; expected NULL");
+  if (params->alibi_slopes)
+    unsupported("params.alibi_slopes: ALiBi is not supported yet; expected NULL, got ", params->alibi_slopes);
+  if (params->bias) unsupported("params.bias: an additive bias is not supported yet; expected NULL, got ", params->bias);
+  if (params->bias_grad)
+    unsupported("params.bias_grad: bias gradients are not supported yet; expected NULL, got ", params->bias_grad);
   if (params->cu_seqlens_q || params->cu_seqlens_k)
-    unsupported("params.cu_seqlens_q/cu_seqlens_k: variable-length batches are not supported yet; expected NULL");
+    unsupported("params.cu_seqlens_q/cu_seqlens_k: variable-length batches are not supported yet; expected NULL, got ",
+                static_cast<const void*>(params->cu_seqlens_q), " and ", static_cast<const void*>(params->cu_seqlens_k));
   if (params->window_left < -1) invalid("params.window_left: expected -1 (unbounded) or >= 0, got ", params->window_left);
   if (params->window_right < -1) invalid("params.window_right: expected -1 (unbounded) or >= 0, got ", params->window_right);
   if (params->num_threads < 0 || params->num_threads > 1024)
