@@ -441,11 +441,12 @@ int run_bench(const BenchFlags& f) {
                 fb_cpu_isa(), threads, (long long)f.warmup, (long long)f.repeats);
     std::printf("FLOPs: %s; forward %.4g GFLOP, backward 2.5x = %.4g GFLOP\n", flops.convention.c_str(),
                 flops.forward * 1e-9, flops.backward * 1e-9);
-    std::printf("%-9s %11s %11s %11s %10s %10s\n", "pass", "median (s)", "min (s)", "max (s)", "TFLOP/s", "(best)");
-    std::printf("%-9s %11.4f %11.4f %11.4f %10.4f %10.4f\n", "forward", fwd.median(), fwd.min(), fwd.max(),
-                tflops(flops.forward, fwd.median()), tflops(flops.forward, fwd.min()));
-    std::printf("%-9s %11.4f %11.4f %11.4f %10.4f %10.4f\n", "backward", bwd.median(), bwd.min(), bwd.max(),
-                tflops(flops.backward, bwd.median()), tflops(flops.backward, bwd.min()));
+    // Milliseconds to 4 significant digits: a small problem's microseconds show too (--json: seconds).
+    std::printf("%-9s %11s %11s %11s %10s %10s\n", "pass", "median (ms)", "min (ms)", "max (ms)", "TFLOP/s", "(best)");
+    std::printf("%-9s %11.4g %11.4g %11.4g %10.4f %10.4f\n", "forward", fwd.median() * 1e3, fwd.min() * 1e3,
+                fwd.max() * 1e3, tflops(flops.forward, fwd.median()), tflops(flops.forward, fwd.min()));
+    std::printf("%-9s %11.4g %11.4g %11.4g %10.4f %10.4f\n", "backward", bwd.median() * 1e3, bwd.min() * 1e3,
+                bwd.max() * 1e3, tflops(flops.backward, bwd.median()), tflops(flops.backward, bwd.min()));
     if (check) check->print();
     else std::printf("check skipped (--no-check)\n");
   }

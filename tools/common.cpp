@@ -230,12 +230,14 @@ Flops count_flops(const Problem& p) {
 
 namespace {
 std::atomic<Progress::Mode> g_progress_mode{Progress::Mode::automatic};
+std::atomic<int64_t> g_progress_delay_ms{2000};
 }
 
 void Progress::set_mode(Mode mode) { g_progress_mode = mode; }
+void Progress::set_delay(std::chrono::milliseconds delay) { g_progress_delay_ms = delay.count(); }
 
-Progress::Progress(std::string what, std::chrono::milliseconds delay)
-    : what_(std::move(what)), start_(std::chrono::steady_clock::now()), delay_(delay) {
+Progress::Progress(std::string what)
+    : what_(std::move(what)), start_(std::chrono::steady_clock::now()), delay_(g_progress_delay_ms.load()) {
   const Mode mode = g_progress_mode;
   if (mode == Mode::never || (mode == Mode::automatic && !::isatty(STDERR_FILENO))) return;
   thread_ = std::thread([this] { loop(); });

@@ -112,13 +112,14 @@ struct Flops {
 };
 Flops count_flops(const Problem& p);
 
-// A status line on stderr ("\r"-updated) that appears once a run has lasted `delay`, only when
-// stderr is a terminal (or forced). The line is cleared when the Progress ends.
+// A status line on stderr ("\r"-updated) that appears once a run has lasted the delay (set_delay,
+// default 2 s), only when stderr is a terminal (or forced). The line is cleared when the Progress ends.
 class Progress {
  public:
   enum class Mode { automatic, always, never };
   static void set_mode(Mode mode);
-  explicit Progress(std::string what, std::chrono::milliseconds delay = std::chrono::milliseconds(2000));
+  static void set_delay(std::chrono::milliseconds delay);
+  explicit Progress(std::string what);
   ~Progress();
   void stage(const std::string& text); // e.g. "forward 3/6"
 

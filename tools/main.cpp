@@ -62,9 +62,14 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough(); // --progress may come after the subcommand
   std::string progress = "auto";
+  double progress_after = 2;
   app.add_option("--progress", progress,
-                 "Progress line on stderr for runs over 2 s: auto (when stderr is a terminal), always, never")
+                 "Progress line on stderr for runs over --progress-after: auto (when stderr is a terminal), "
+                 "always, never")
       ->check(one_of({"auto", "always", "never"}))
+      ->capture_default_str();
+  app.add_option("--progress-after", progress_after, "Seconds a run lasts before its progress line appears")
+      ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
 
   BenchFlags bench;
@@ -106,6 +111,7 @@ int main(int argc, char** argv) {
   Progress::set_mode(progress == "always" ? Progress::Mode::always
                      : progress == "never" ? Progress::Mode::never
                                            : Progress::Mode::automatic);
+  Progress::set_delay(std::chrono::milliseconds(static_cast<int64_t>(progress_after * 1000)));
   try {
     if (*bench_cmd) return run_bench(bench);
     if (*check_cmd) return run_check(check);

@@ -461,6 +461,18 @@ TEST_F(Cli, CheckMeasuresCancelledGradientsAgainstWhatCancels) {
   }
 }
 
+// --progress always shows the line without a terminal; --progress-after 0 from the start: a
+// "\r"-updated line naming the command and its stage, cleared ("\r\033[K") when the run ends.
+TEST_F(Cli, ProgressLineAppearsWhenAskedFor) {
+  const Result r = run("check --batch 1 --heads 2 --seqlen 256 --head-dim 32 --progress always --progress-after 0");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("\r\033[Kflashback check: "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.size() >= 4 ? r.err.substr(r.err.size() - 4) : r.err, "\r\033[K") << r.err;
+  const Result quiet = run("check --batch 1 --heads 2 --seqlen 256 --head-dim 32 --progress never --progress-after 0");
+  ASSERT_EQ(quiet.code, 0) << quiet.out << quiet.err;
+  EXPECT_EQ(quiet.err, "");
+}
+
 TEST_F(Cli, BenchJsonIsParseable) {
   const Result r = run("bench --batch 1 --heads 2 --kv-heads 1 --seqlen 64 --head-dim 32 --repeats 3 --warmup 1 --json");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
