@@ -84,7 +84,6 @@ int64_t wild(Bytes& in) {
 enum Id { Q, K, V, O, LSE, DOUT, DQ, DK, DV, DELTA, kTensors };
 const char* const kNames[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv", "delta"};
 bool is_rows(int id) { return id == LSE || id == DELTA; }
-bool is_gradient(int id) { return id >= DQ; }
 
 size_t elem_size(int32_t dtype) { return dtype == FB_F32 ? 4 : 2; }
 bool valid_dtype(int32_t d) { return d == FB_F32 || d == FB_BF16 || d == FB_F16; }
@@ -99,23 +98,26 @@ struct Arg {
   bool aliased = false;     // points into q's buffer with a view that may run past it
   int64_t numel = 0;
   int64_t extent = 0;       // bytes; valid when !defect
-  unsigned char* buf = nullptr; // harness-owned, exactly `extent` bytes; null when it does not fit
+  int64_t below = 0;        // bytes of the view before data (negative strides); valid when !defect
+  unsigned char* buf = nullptr; // harness-owned, exactly `extent` bytes from the view's lowest byte; null
+                                // when it does not fit
   bool fits = false;
 };
 
 // What the model predicts for a call.
 enum class Expect { accept, reject, either };
 
-// The checks flashback.h promises for one tensor on its own: rank, dtype, device, shapes and strides
-// >= 0, a contiguous last dim, an element count and a byte extent that fit int64 (the count as it
-// accumulates dim by dim), data when there are elements, and no wrap around the address space.
+// The checks flashback.h promises for one tensor on its own: rank, dtype, device, shapes >= 0, a
+// contiguous last dim, an element count and element offsets (above and below data: negative strides)
+// and a byte extent that fit int64 (the count as it accumulates dim by dim), data when there are
+// elements, and neither end beyond the address space.
 void check_alone(Arg& a, int rank) {
   const fb_tensor& t = a.t;
   a.defect = t.rank != rank || !valid_dtype(t.dtype) || t.device != FB_DEVICE_CPU || t.device_index != 0;
   if (a.defect) return;
   int64_t numel = 1;
   for (int d = 0; d < rank; ++d) {
-    if (t.shape[d] < 0 || t.stride[d] < 0) a.defect = true;
+    if (t.shape[d] < 0) a.defect = true;
     if (!a.defect && __builtin_mul_overflow(numel, t.shape[d], &numel)) a.defect = true;
   }
   if (a.defect) return;
@@ -125,28 +127,39 @@ void check_alone(Arg& a, int rank) {
   }
   a.numel = numel;
   a.extent = 0;
+  a.below = 0;
   if (numel == 0) return;
-  __int128 max_offset = 0;
-  for (int d = 0; d < rank; ++d) max_offset += static_cast<__int128>(t.shape[d] - 1) * t.stride[d];
-  const __int128 bytes = (max_offset + 1) * static_cast<__int128>(elem_size(t.dtype));
-  if (max_offset > I64_MAX || max_offset + 1 > I64_MAX || bytes > I64_MAX || t.data == nullptr) {
+  __int128 max_offset = 0, min_offset = 0;
+  for (int d = 0; d < rank; ++d) {
+    const __int128 span = static_cast<__int128>(t.shape[d] - 1) * t.stride[d];
+    (span > 0 ? max_offset : min_offset) += span;
+  }
+  const __int128 es = elem_size(t.dtype), extent = max_offset - min_offset + 1, bytes = extent * es;
+  const __int128 low = min_offset * es, i64_min = -static_cast<__int128>(I64_MAX) - 1;
+  if (max_offset > I64_MAX || min_offset <= i64_min || extent > I64_MAX || bytes > I64_MAX || low < i64_min ||
+      t.data == nullptr) {
     a.defect = true;
     return;
   }
   a.extent = static_cast<int64_t>(bytes);
-  if (static_cast<__int128>(reinterpret_cast<uintptr_t>(t.data)) + a.extent >
-      static_cast<__int128>(std::numeric_limits<uintptr_t>::max()))
+  a.below = static_cast<int64_t>(-low);
+  const __int128 data = reinterpret_cast<uintptr_t>(t.data);
+  if (data < -low || data + low + a.extent > static_cast<__int128>(std::numeric_limits<uintptr_t>::max()))
     a.defect = true;
 }
 
-// Offsets (in elements) of every element of a view, row-major; calls fn(offset, flat index).
+// Offsets (in elements) of every element of a view from its lowest one (the start of its buffer),
+// row-major; calls fn(offset, flat index).
 template <class Fn>
 void each_element(const fb_tensor& t, Fn&& fn) {
-  int64_t n = 1;
-  for (int d = 0; d < t.rank; ++d) n *= t.shape[d];
+  int64_t n = 1, low = 0;
+  for (int d = 0; d < t.rank; ++d) {
+    n *= t.shape[d];
+    if (t.shape[d] > 1 && t.stride[d] < 0) low += (t.shape[d] - 1) * t.stride[d];
+  }
   int64_t idx[FB_MAX_RANK] = {};
   for (int64_t flat = 0; flat < n; ++flat) {
-    int64_t off = 0;
+    int64_t off = -low;
     for (int d = 0; d < t.rank; ++d) off += idx[d] * t.stride[d];
     fn(off, flat);
     for (int d = t.rank - 1; d >= 0 && ++idx[d] == t.shape[d]; --d) idx[d] = 0;
@@ -162,7 +175,7 @@ void check_self_overlap(Arg& a) {
   int n = 0;
   for (int d = 0; d < t.rank; ++d) {
     if (t.shape[d] > 1 && t.stride[d] == 0) a.overlaps = true;
-    if (t.shape[d] > 1) sorted[n++] = {t.stride[d], t.shape[d]};
+    if (t.shape[d] > 1) sorted[n++] = {t.stride[d] < 0 ? -t.stride[d] : t.stride[d], t.shape[d]};
   }
   if (a.overlaps) return;
   std::sort(sorted, sorted + n);
@@ -364,7 +377,7 @@ void decode_tensor(Bytes& in, Case& c, int id, int32_t dtype) {
         case 5: t.device = static_cast<int32_t>(wild(in)); break;
         case 6: t.device_index = 1 + in.u8() % 3; break;
         case 7: t.shape[in.u8() % rank] = -1 - in.u8(); break;
-        case 8: t.stride[in.u8() % rank] = -1 - in.u8(); break;
+        case 8: t.stride[rank - 1] = -1 - in.u8(); break; // the last dim reversed
         case 9: t.stride[rank - 1] = 2 + in.u8() % 3; break;
         case 10: t.stride[in.u8() % rank] = I64_MAX - in.u8(); break;
         default: a.present = false; break; // NULL (an optional gradient: not wanted)
@@ -378,7 +391,10 @@ void decode_tensor(Bytes& in, Case& c, int id, int32_t dtype) {
       break;
     }
     case 14: t.shape[in.u8() % rank] = wild(in); break;
-    case 15: if (is_gradient(id)) a.present = false; break;
+    case 15: // reversed dims (numpy's x[::-1]): negative strides, element 0 the last of its buffer
+      for (int i = 0; i < rank - 1; ++i)
+        if (in.u8() & 1) t.stride[i] = -t.stride[i];
+      break;
     default: break;
   }
 }
@@ -871,7 +887,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!a.present || a.defect) continue;
     if (a.extent <= kMaxTensorBytes && total + a.extent <= kMaxTotalBytes) { // extent 0: malloc(0)
       a.buf = static_cast<unsigned char*>(c.alloc(static_cast<size_t>(a.extent)));
-      a.t.data = a.buf;
+      a.t.data = a.buf + a.below; // element 0; negative strides reach the bytes before it
       a.fits = true;
       total += a.extent;
     }

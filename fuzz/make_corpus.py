@@ -96,14 +96,14 @@ def c_api_seeds():
     seeds["grads_subset"] = c_api_seed(grads=0x1A)  # dq and dk dropped where the bits say
     for ws, extra in (("exact", 0), ("misaligned", 5), ("too_small", 0), ("null_with_bytes", 3), ("larger", 77)):
         seeds[f"workspace_{ws}"] = c_api_seed(ws=ws, ws_extra=extra, dtype="bf16")
-    # Layouts of every input (kinds 6..11 of decode_tensor) and of the outputs.
+    # Layouts of every input (kinds 6..11 and 15 of decode_tensor) and of the outputs.
     kinds = {"bshd": [6], "padded": [7, 3], "zero_stride": [8, 1], "interleaved": [9, 1, 2], "random": [10, 7, 91, 33],
-             "far_stride": [11, 2, 5]}
+             "far_stride": [11, 2, 5], "reversed": [15, 1, 1, 1]}
     for kind, lb in kinds.items():
         seeds[f"inputs_{kind}"] = c_api_seed(layouts={t: lb for t in ("q", "k", "v", "dout")}, sq=21, sk=19)
         seeds[f"outputs_{kind}"] = c_api_seed(layouts={t: lb for t in ("o", "dq", "dk", "dv")}, sq=21, sk=19)
     # One of each defect of a tensor (kind 12, sub-case) and the dims, shapes and late defects.
-    for sub, extra in ((0, [3]), (1, []), (2, [4]), (3, []), (4, []), (5, [1]), (6, [0]), (7, [2, 0]), (8, [1, 0]),
+    for sub, extra in ((0, [3]), (1, []), (2, [4]), (3, []), (4, []), (5, [1]), (6, [0]), (7, [2, 0]), (8, [1]),
                        (9, [0]), (10, [0, 0]), (11, [])):
         seeds[f"defect_{sub}"] = c_api_seed(layouts={"k": [12, sub] + extra})
     seeds["mismatch"] = c_api_seed(layouts={"v": [13, 2, 0]})

@@ -176,7 +176,8 @@ TEST_F(Api, LayoutsGiveTheSameBits) {
     const fbtest::Inputs in = inputs_for(c);
     const Outputs contiguous = run(c, in);
     std::vector<Case> others;
-    for (fbtest::Layout l : {fbtest::Layout::bshd, fbtest::Layout::padded, fbtest::Layout::slice}) {
+    for (fbtest::Layout l :
+         {fbtest::Layout::bshd, fbtest::Layout::padded, fbtest::Layout::slice, fbtest::Layout::reversed}) {
       Case moved = c;
       moved.layout(l);
       others.push_back(moved);

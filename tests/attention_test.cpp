@@ -339,7 +339,8 @@ TEST_P(Attention, Decoding) {
       make_case(2, 8, 2, 1, sk, 64, 64, window(sk, 3)),
       make_case(2, 4, 1, 1, 1, 16, 16, kCausal),
   };
-  add_layouts(cases, make_case(2, 8, 2, 1, sk, 64, 64, kCausal), {Layout::bshd, Layout::slice, Layout::padded});
+  add_layouts(cases, make_case(2, 8, 2, 1, sk, 64, 64, kCausal),
+              {Layout::bshd, Layout::slice, Layout::padded, Layout::reversed});
   for (Case& c : cases) c.threads = 2;
   check_cases(cases);
 }
@@ -469,7 +470,7 @@ TEST_P(Attention, Layouts) {
   const int64_t d = 24, dv = 40;
   const flashback::cpu::Tiles t = tiles(d, dv, true);
   std::vector<Case> cases;
-  for (Layout l : {Layout::bshd, Layout::padded, Layout::slice})
+  for (Layout l : {Layout::bshd, Layout::padded, Layout::slice, Layout::reversed})
     for (Mask m : {kNoMask, kCausal}) {
       Case c = make_case(2, 4, 2, t.bm + 3, t.bn + 9, d, dv, m);
       c.layout(l);
@@ -479,10 +480,10 @@ TEST_P(Attention, Layouts) {
   Case mixed = make_case(2, 4, 2, 2 * t.bm + 1, t.bn - 3, d, dv, window(3, 8));
   mixed.q = Layout::bshd;
   mixed.k = Layout::padded;
-  mixed.v = Layout::slice;
+  mixed.v = Layout::reversed;
   mixed.o = Layout::slice;
   mixed.dout = Layout::padded;
-  mixed.dq = Layout::padded;
+  mixed.dq = Layout::reversed;
   mixed.dk = Layout::slice;
   mixed.dv = Layout::bshd;
   mixed.rows = Layout::slice;
@@ -612,7 +613,9 @@ class Draw {
       default: return int64_t{1} << 62;
     }
   }
-  Layout layout() { return of(std::array<Layout, 4>{Layout::bhsd, Layout::bshd, Layout::padded, Layout::slice}); }
+  Layout layout() {
+    return of(std::array<Layout, 5>{Layout::bhsd, Layout::bshd, Layout::padded, Layout::slice, Layout::reversed});
+  }
 
  private:
   std::mt19937_64& g_;

@@ -31,7 +31,7 @@ struct Problem {
 // Eight different problems: every dtype, masks, grouped heads, layouts, gradient subsets, workspaces.
 std::vector<Problem> problems(int threads_per_call) {
   const fb_dtype dtypes[] = {FB_F32, FB_BF16, FB_F16};
-  const Layout layouts[] = {Layout::bhsd, Layout::bshd, Layout::padded, Layout::slice};
+  const Layout layouts[] = {Layout::bhsd, Layout::bshd, Layout::padded, Layout::slice, Layout::reversed};
   const WorkspaceMode workspaces[] = {WorkspaceMode::library, WorkspaceMode::exact, WorkspaceMode::misaligned};
   std::vector<Problem> out(kCallers);
   for (int i = 0; i < kCallers; ++i) {
@@ -44,7 +44,7 @@ std::vector<Problem> problems(int threads_per_call) {
       c.opt.window_left = 9 + i;
       c.opt.window_right = i;
     }
-    c.layout(layouts[i % 4]);
+    c.layout(layouts[i % 5]);
     c.want_dq = i != 3;
     c.want_dk = i != 5;
     c.want_dv = i != 6;

@@ -238,9 +238,19 @@ TEST(Errors, ProblemSizes) {
 
 TEST(Errors, Strides) {
   expect_all_rejected({
-      {"negative q stride", kBoth, [](Args& a) { a.q.stride[1] = -3; }, kInvalid, {"q.stride[1]: expected >= 0, got -3"}},
-      {"negative delta stride", kBackward, [](Args& a) { a.delta.stride[0] = -1; }, kInvalid,
-       {"delta.stride[0]: expected >= 0, got -1"}},
+      {"q last dim reversed", kBoth, [](Args& a) { a.q.stride[3] = -1; }, kInvalid,
+       {"q.stride[3]: the last dimension must be contiguous: expected 1, got -1"}},
+      // Negative strides are accepted (reversed views); only where they lead is checked.
+      {"negative strides below address 0", kBoth,
+       [](Args& a) {
+         a.q.data = reinterpret_cast<void*>(uintptr_t{64});
+         a.q.stride[2] = -Args::D; // rows reach 4 * 8 * 4 = 128 bytes before data
+       },
+       kInvalid,
+       {"q.data: the tensor's negative strides reach 128 bytes before data, below address 0; expected data >= 128"}},
+      {"the smallest offset", kBoth, [](Args& a) { a.k.stride[2] = -kBig; }, kInvalid,
+       {"k.stride: expected element offsets within +-(2^63 - 1), got the smallest element offset of shape "
+        "[2, 2, 7, 8]"}},
       {"q last dim not contiguous", kBoth, [](Args& a) { a.q.stride[3] = 2; }, kInvalid,
        {"q.stride[3]: the last dimension must be contiguous: expected 1, got 2"}},
       {"lse last dim not contiguous", kBoth, [](Args& a) { a.lse.stride[2] = 0; }, kInvalid,
@@ -260,14 +270,15 @@ TEST(Errors, SizesAndStridesThatOverflow) {
        kInvalid, {"q.shape: expected an element count of at most 2^63 - 1, got the count of [4294967296, 4294967296, 5, 8], "
                   "which overflows int64"}},
       {"one stride times its size", kBoth, [](Args& a) { a.k.stride[2] = kBig; }, kInvalid,
-       {"k.stride: expected element offsets of at most 2^63 - 1, got the largest element offset of shape [2, 2, 7, 8] "
+       {"k.stride: expected element offsets within +-(2^63 - 1), got the largest element offset of shape [2, 2, 7, 8] "
         "and strides [112, 56, 4611686018427387904, 1], which overflows int64"}},
       {"the sum of the offsets", kBoth,
        [](Args& a) {
          a.v.stride[0] = kBig; // (2 - 1) * 2^62 + (2 - 1) * 2^62 = 2^63
          a.v.stride[1] = kBig;
        },
-       kInvalid, {"v.stride: expected element offsets of at most 2^63 - 1, got the largest element offset", "overflows int64"}},
+       kInvalid,
+       {"v.stride: expected element offsets within +-(2^63 - 1), got the largest element offset", "overflows int64"}},
       {"the byte extent", kBoth, [](Args& a) { a.o.stride[0] = kBig / 2; }, kInvalid,
        {"o: expected a byte extent of at most 2^63 - 1, got the byte extent of shape [2, 4, 5, 6] and strides "
         "[2305843009213693952, 30, 6, 1], which overflows int64"}},
@@ -410,6 +421,22 @@ TEST(Errors, OutputsOverlappingInputsOrOutputs) {
        {"dv.data: the output overlaps the output dk"}},
       {"delta in dq", kBackward, [](Args& a) { a.delta.data = static_cast<float*>(a.dq.data) + 1; }, kInvalid,
        {"delta.data: the output overlaps the output dq"}},
+      // A reversed view of q's memory: its element 0 at q's last element, its strides negative.
+      {"o reversed over q", kForward,
+       [](Args& a) {
+         a.o = a.q;
+         a.o.shape[3] = Args::Dv;
+         a.o.data = static_cast<float*>(a.q.data) + (Args::B * Args::Hq * Args::Sq - 1) * Args::D;
+         for (int d = 0; d < 3; ++d) a.o.stride[d] = -a.q.stride[d];
+       },
+       kInvalid, {"o.data: the output overlaps the input q"}},
+      {"dk reversed over k", kBackward,
+       [](Args& a) {
+         a.dk = a.k;
+         a.dk.data = static_cast<float*>(a.k.data) + (Args::B * Args::Hk * Args::Sk - 1) * Args::D;
+         for (int d = 0; d < 3; ++d) a.dk.stride[d] = -a.k.stride[d];
+       },
+       kInvalid, {"dk.data: the output overlaps the input k"}},
   });
 }
 
@@ -419,6 +446,7 @@ TEST(Errors, OutputsWhoseElementsOverlap) {
       {"o zero stride", kForward, [](Args& a) { a.o.stride[2] = 0; }, kInvalid, {"o" + self}},
       {"lse zero stride", kForward, [](Args& a) { a.lse.stride[1] = 0; }, kInvalid, {"lse" + self}},
       {"o interleaved", kForward, [](Args& a) { a.o.stride[1] = 1; }, kInvalid, {"o" + self}},
+      {"o heads a row back", kForward, [](Args& a) { a.o.stride[1] = -a.o.stride[2]; }, kInvalid, {"o" + self}},
       {"dq zero stride", kBackward, [](Args& a) { a.dq.stride[0] = 0; }, kInvalid, {"dq" + self}},
       {"dk zero stride", kBackward, [](Args& a) { a.dk.stride[2] = 0; }, kInvalid, {"dk" + self}},
       {"delta zero stride", kBackward, [](Args& a) { a.delta.stride[1] = 0; }, kInvalid, {"delta" + self}},

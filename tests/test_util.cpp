@@ -155,6 +155,7 @@ const char* layout_name(Layout l) {
     case Layout::bshd: return "bshd";
     case Layout::padded: return "padded";
     case Layout::slice: return "slice";
+    case Layout::reversed: return "reversed";
   }
   return "?";
 }
@@ -171,7 +172,6 @@ struct Placement {
 };
 
 Placement place4(Layout l, int64_t b, int64_t h, int64_t s, int64_t x) {
-  (void)b;
   switch (l) {
     case Layout::bhsd: return {{h * s * x, s * x, x, 1}, 0};
     case Layout::bshd: return {{s * h * x, x, h * x, 1}, 0};
@@ -183,24 +183,27 @@ Placement place4(Layout l, int64_t b, int64_t h, int64_t s, int64_t x) {
       const int64_t xs = x + 5, hs = (h + 2) * xs, bs = (s + 3) * hs;
       return {{bs, xs, hs, 1}, 2 * hs + xs + 3};
     }
+    case Layout::reversed: // element [b][h][s] at the mirrored place of a contiguous BHSD buffer
+      return {{-h * s * x, -s * x, -x, 1}, std::max<int64_t>(0, ((b * h - 1) * s + s - 1) * x)};
   }
   return {};
 }
 
 Placement place3(Layout l, int64_t b, int64_t h, int64_t s) {
-  (void)b;
   switch (l) {
     case Layout::bhsd:
     case Layout::bshd: return {{h * s, s, 1}, 0};
     case Layout::padded: return {{h * (s + 3) + 1, s + 3, 1}, 5};
     case Layout::slice: return {{(h + 1) * (s + 2), s + 2, 1}, (s + 2) + 1}; // [B, H+1, S+2] from (0, 1, 1)
+    case Layout::reversed: return {{-h * s, -s, 1}, std::max<int64_t>(0, (b * h - 1) * s)}; // rows stay in order
   }
   return {};
 }
 
+// The largest element offset from element 0 (negative strides reach below it: the layout's lead).
 int64_t max_offset(const std::vector<int64_t>& shape, const std::vector<int64_t>& stride) {
   int64_t m = 0;
-  for (size_t i = 0; i < shape.size(); ++i) m += (shape[i] - 1) * stride[i];
+  for (size_t i = 0; i < shape.size(); ++i) m += std::max<int64_t>(0, (shape[i] - 1) * stride[i]);
   return m;
 }
 

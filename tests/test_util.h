@@ -77,6 +77,8 @@ enum class Layout {
   bshd,   // contiguous [B, S, H, X] viewed as [B, H, S, X] (rank 3: contiguous)
   padded, // BHSD order with padded row, head and batch strides (odd numbers), not at the buffer start
   slice,  // a sub-block of a larger [B, S+3, H+2, X+5] buffer (rank 3: of a [B, H+1, S+2] buffer)
+  reversed, // BHSD with B, H and S reversed: negative strides (numpy's x[::-1, ::-1, ::-1]), element 0 last
+            // (rank 3: B and H; its last dim, S, is contiguous)
 };
 const char* layout_name(Layout l);
 

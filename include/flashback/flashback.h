@@ -7,7 +7,8 @@
  * Conventions (FlashAttention-2's):
  *   q [B, Hq, Sq, D]  k [B, Hk, Sk, D]  v [B, Hk, Sk, Dv]  o, do [B, Hq, Sq, Dv]  lse [B, Hq, Sq] (f32)
  *   Every tensor is a pointer, a shape and element strides (int64). The last dimension must have
- *   stride 1 (or size 1); any other strides are accepted (BHSD, BSHD, slices, packed QKV).
+ *   stride 1 (or size 1); any other strides are accepted (BHSD, BSHD, slices, packed QKV, and
+ *   negative ones: reversed views, whose elements lie before data too).
  *   Grouped-query heads: Hq % Hk == 0, query head h reads kv head h / (Hq / Hk).
  *   Causal is aligned bottom-right: query i sees key j iff j <= i + Sk - Sq.
  *   Window (left, right), -1 = unbounded: j in [i + Sk - Sq - left, i + Sk - Sq + right].
@@ -64,7 +65,7 @@ typedef struct fb_tensor {
   int32_t device_index; /* which device of that type; 0 for the CPU */
   int32_t rank;         /* 4 for q, k, v, o, do, dq, dk, dv; 3 for lse and delta */
   int64_t shape[FB_MAX_RANK];
-  int64_t stride[FB_MAX_RANK]; /* in elements, >= 0 */
+  int64_t stride[FB_MAX_RANK]; /* in elements; negative ones too (reversed views) */
 } fb_tensor;
 
 /* Options. Always start from fb_params_init(): later versions add fields at the end, and

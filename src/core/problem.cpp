@@ -63,7 +63,8 @@ struct Checked {
   const char* name = "";
   DType dtype = DType::f32;
   int64_t numel = 0;
-  int64_t extent_bytes = 0; // (max offset + 1) * element size; 0 when empty
+  int64_t extent_bytes = 0; // (max offset - min offset + 1) * element size; 0 when empty
+  int64_t low_bytes = 0;    // min offset * element size (<= 0: negative strides reach below data)
 };
 
 // Everything that can be said about one tensor on its own.
@@ -80,10 +81,9 @@ Checked check_tensor(const fb_tensor* t, const char* name, int rank) {
   if (t->device != FB_DEVICE_CPU) invalid(name, ".device: expected FB_DEVICE_CPU (0), got ", t->device);
   if (t->device_index != 0) invalid(name, ".device_index: expected 0 for the CPU, got ", t->device_index);
   const char* const* dims = rank == 4 ? kDimNames4 : kDimNames3;
-  int64_t numel = 1, max_offset = 0;
+  int64_t numel = 1, max_offset = 0, min_offset = 0;
   for (int i = 0; i < rank; ++i) {
     if (t->shape[i] < 0) invalid(name, ".shape[", i, "] (", dims[i], "): expected >= 0, got ", t->shape[i]);
-    if (t->stride[i] < 0) invalid(name, ".stride[", i, "]: expected >= 0, got ", t->stride[i]);
     if (mul_overflows(numel, t->shape[i], &numel))
       invalid(name, ".shape: expected an element count of at most 2^63 - 1, got the count of ", shape_str(*t),
               ", which overflows int64");
@@ -93,20 +93,31 @@ Checked check_tensor(const fb_tensor* t, const char* name, int rank) {
             t->stride[rank - 1]);
   c.numel = numel;
   if (numel == 0) return c;
+  // Element offsets from data span [min_offset, max_offset]: a negative stride (a reversed view, as
+  // numpy's x[::-1]) reaches below data.
   for (int i = 0; i < rank; ++i) {
     int64_t span = 0;
-    if (mul_overflows(t->shape[i] - 1, t->stride[i], &span) || add_overflows(max_offset, span, &max_offset))
-      invalid(name, ".stride: expected element offsets of at most 2^63 - 1, got the largest element offset of shape ",
-              shape_str(*t), " and strides ", stride_str(*t), ", which overflows int64");
+    if (mul_overflows(t->shape[i] - 1, t->stride[i], &span) ||
+        (span > 0 ? add_overflows(max_offset, span, &max_offset) : add_overflows(min_offset, span, &min_offset)))
+      invalid(name, ".stride: expected element offsets within +-(2^63 - 1), got the ",
+              t->stride[i] > 0 ? "largest" : "smallest", " element offset of shape ", shape_str(*t), " and strides ",
+              stride_str(*t), ", which overflows int64");
   }
+  const auto es = static_cast<int64_t>(dtype_size(c.dtype));
   int64_t extent = 0;
-  if (add_overflows(max_offset, 1, &extent) ||
-      mul_overflows(extent, static_cast<int64_t>(dtype_size(c.dtype)), &c.extent_bytes))
+  if (min_offset == std::numeric_limits<int64_t>::min() || add_overflows(max_offset, 1, &extent) ||
+      add_overflows(extent, -min_offset, &extent) ||
+      mul_overflows(extent, es, &c.extent_bytes) || mul_overflows(min_offset, es, &c.low_bytes))
     invalid(name, ": expected a byte extent of at most 2^63 - 1, got the byte extent of shape ", shape_str(*t),
             " and strides ", stride_str(*t), ", which overflows int64");
   if (t->data == nullptr) invalid(name, ".data: expected a pointer to ", numel, " elements, got NULL");
+  const auto data = reinterpret_cast<uintptr_t>(t->data);
+  const uintptr_t below = uintptr_t{0} - static_cast<uintptr_t>(c.low_bytes); // bytes before data
+  if (data < below)
+    invalid(name, ".data: the tensor's negative strides reach ", below, " bytes before data, below address 0; ",
+            "expected data >= ", below, ", got data = ", t->data);
   uintptr_t end = 0;
-  if (__builtin_add_overflow(reinterpret_cast<uintptr_t>(t->data), static_cast<uintptr_t>(c.extent_bytes), &end))
+  if (__builtin_add_overflow(data - below, static_cast<uintptr_t>(c.extent_bytes), &end))
     invalid(name, ".data: the tensor's ", c.extent_bytes, " bytes wrap around the address space; expected them to end ",
             "at most at 2^64, got data = ", t->data);
   return c;
@@ -134,14 +145,16 @@ struct Footprint {
 
 Footprint footprint(const Checked& c) {
   Footprint f;
-  f.base = reinterpret_cast<uintptr_t>(c.t->data);
+  // From the lowest byte up: a negative stride walks the same addresses upwards from there.
+  f.base = reinterpret_cast<uintptr_t>(c.t->data) + static_cast<uintptr_t>(c.low_bytes); // modulo 2^64
   f.extent = c.extent_bytes;
   const int64_t es = static_cast<int64_t>(dtype_size(c.dtype));
   for (int i = 0; i < c.t->rank; ++i) {
     f.shape[i] = c.t->shape[i];
     // A dim of size 1, or any dim of a tensor without elements, never moves the address: its stride
     // is unbounded (and may be anything), so it counts as 0. The others are bounded by extent_bytes.
-    f.stride[i] = c.numel > 0 && c.t->shape[i] > 1 ? c.t->stride[i] * es : 0;
+    const int64_t st = c.numel > 0 && c.t->shape[i] > 1 ? c.t->stride[i] * es : 0;
+    f.stride[i] = st < 0 ? -st : st;
   }
   f.shape[c.t->rank] = es;
   f.stride[c.t->rank] = 1;
