@@ -240,6 +240,19 @@ void amx_microkernel(benchmark::State& state, bool hi_lo, bool after_vector) {
   state.counters["threads"] = threads();
 }
 
+// The library's vdpbf16ps microkernel alone, on L1-resident blocks of the forward's shapes at D = 128
+// (64 x 128 x 128: S = Q K^T with A one bf16; P V with A = P as hi + lo), one per thread, next to the
+// vdpbf16ps ceiling of the same moment.
+void dot_microkernel(benchmark::State& state, bool hi_lo) {
+  if (dot_microkernel_flops(1, 0.001, 64, 128, 128, false) == 0) return skip(state, "no AVX512_BF16 here");
+  double flops = 0;
+  const double ceiling = dpbf16_ceiling_flops(threads(), 0.3);
+  for (auto _ : state) flops = dot_microkernel_flops(threads(), 1.0, 64, 128, 128, hi_lo);
+  state.counters["kernel_flops"] = flops;
+  state.counters["adjacent_bf16_ceiling_flops"] = ceiling;
+  state.counters["threads"] = threads();
+}
+
 // The bf16 product ceilings: vdpbf16ps, and AMX TDPBF16PS where the library runs AMX (it has asked
 // Linux for the tile state). Skipped where the CPU lacks them.
 void bf16_ceiling(benchmark::State& state, bool amx) {
@@ -267,6 +280,8 @@ int register_all() {
   configure(benchmark::RegisterBenchmark("kernel/f32_64x64x64", f32_microkernel, 64));
   configure(benchmark::RegisterBenchmark("ceiling/bf16_dot", bf16_ceiling, false));
   configure(benchmark::RegisterBenchmark("ceiling/bf16_amx", bf16_ceiling, true));
+  configure(benchmark::RegisterBenchmark("kernel/bf16_dot_64x128x128", dot_microkernel, false));
+  configure(benchmark::RegisterBenchmark("kernel/bf16_dot_64x128x128_hilo", dot_microkernel, true));
   configure(benchmark::RegisterBenchmark("kernel/bf16_amx_64x128x128", amx_microkernel, false, false));
   configure(benchmark::RegisterBenchmark("kernel/bf16_amx_64x128x128_hilo", amx_microkernel, true, false));
   configure(benchmark::RegisterBenchmark("kernel/bf16_amx_64x128x128_after_vector", amx_microkernel, false, true));

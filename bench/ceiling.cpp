@@ -10,6 +10,7 @@ double amx_probe(int threads, long iters);
 double f32_microkernel_probe_avx512(int threads, long iters, int m, int n, int k);
 double f32_microkernel_probe_avx2(int threads, long iters, int m, int n, int k);
 double amx_microkernel_probe(int threads, long iters, int m, int n, int k, bool hi_lo, bool after_vector);
+double dot_microkernel_probe(int threads, long iters, int m, int n, int k, bool hi_lo);
 
 namespace {
 
@@ -64,6 +65,17 @@ double amx_microkernel_flops(int threads, double seconds, int m, int n, int k, b
   return calibrated(probe, seconds, 2.0 * m * n * k * (hi_lo ? 2 : 1) * threads);
 #else
   (void)threads, (void)seconds, (void)m, (void)n, (void)k, (void)hi_lo, (void)after_vector;
+  return 0;
+#endif
+}
+
+double dot_microkernel_flops(int threads, double seconds, int m, int n, int k, bool hi_lo) {
+#if defined(FLASHBACK_BENCH_KERNEL)
+  if (!__builtin_cpu_supports("avx512bf16")) return 0;
+  auto probe = [&](long iters) { return dot_microkernel_probe(threads, iters, m, n, k, hi_lo); };
+  return calibrated(probe, seconds, 2.0 * m * n * k * (hi_lo ? 2 : 1) * threads);
+#else
+  (void)threads, (void)seconds, (void)m, (void)n, (void)k, (void)hi_lo;
   return 0;
 #endif
 }

@@ -20,3 +20,8 @@ double f32_microkernel_flops(int threads, double seconds, int m, int n, int k);
 // FLOP counted per TDPBF16PS, so hi + lo counts twice; after_vector: each product right after a
 // stretch of AVX-512 work, only the products timed. 0 where the library does not run AMX.
 double amx_microkernel_flops(int threads, double seconds, int m, int n, int k, bool hi_lo, bool after_vector = false);
+
+// The library's vdpbf16ps microkernel (cpu/dot_bf16_micro.h) on m x n x k blocks in L1, one per
+// thread, A as one bf16 or as hi + lo (FLOP counted per product, so hi + lo counts twice). 0 without
+// AVX512_BF16.
+double dot_microkernel_flops(int threads, double seconds, int m, int n, int k, bool hi_lo);

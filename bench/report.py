@@ -59,12 +59,13 @@ def to_seconds(entry):
 
 def repetitions(data):
     """{benchmark: [(seconds, adjacent ceiling FLOP/s, entry)]} over the repetitions that carry an adjacent
-    ceiling: the AMX one where the repetition has it (bf16 and f16 on AMX, the AMX kernel), else the FMA one"""
+    ceiling: the AMX one where the repetition has it (bf16 and f16 on AMX, the AMX kernel), the vdpbf16ps one
+    for the vdpbf16ps kernel, else the FMA one"""
     by = {}
     for b in data["benchmarks"]:
         if b.get("run_type") != "iteration" or b.get("error_occurred"):
             continue
-        c = b.get("adjacent_amx_ceiling_flops") or b.get("adjacent_ceiling_flops")
+        c = b.get("adjacent_amx_ceiling_flops") or b.get("adjacent_bf16_ceiling_flops") or b.get("adjacent_ceiling_flops")
         if not c:
             continue
         name = b["run_name"].split("/iterations:")[0]
