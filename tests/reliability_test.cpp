@@ -6,6 +6,7 @@
 // says what each test shows. FLASHBACK_TEST_SEED=<seed> replays the inputs of a failed run.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -719,12 +720,14 @@ TEST_F(Reliability, InfinitiesMeetExactProbabilities) {
 // 64-bit offsets
 // =====================================================================================================
 
-// An anonymous MAP_NORESERVE mapping: gigabytes of address space, of which only the touched pages
-// cost memory.
+// Gigabytes of address space, reserved only (PROT_NONE: no memory, and no commit charge even where
+// the kernel counts writable mappings whole, vm.overcommit_memory = 2), of which open() makes the
+// pages that hold elements readable and writable. A touch of any other byte faults: the library must
+// read and write the elements of a view and nothing between them.
 class Mapping {
  public:
   explicit Mapping(size_t bytes) : bytes_(bytes) {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     data_ = p == MAP_FAILED ? nullptr : static_cast<unsigned char*>(p);
   }
   ~Mapping() {
@@ -733,6 +736,13 @@ class Mapping {
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
   unsigned char* data() const { return data_; }
+  // Bytes [begin, end) and the rest of their pages readable and writable.
+  bool open(size_t begin, size_t end) const {
+    const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    begin = begin / page * page;
+    end = (end + page - 1) / page * page;
+    return mprotect(data_ + begin, end - begin, PROT_READ | PROT_WRITE) == 0;
+  }
 
  private:
   size_t bytes_;
@@ -760,7 +770,24 @@ struct FarTensor {
     }
     int64_t max_offset = 0;
     for (int d = 0; d < rank; ++d) max_offset += (shape[d] - 1) * t.stride[d];
-    t.map = std::make_unique<Mapping>(static_cast<size_t>(max_offset + 1) * fbtest::dtype_size(dtype));
+    const size_t es = fbtest::dtype_size(dtype);
+    t.map = std::make_unique<Mapping>(static_cast<size_t>(max_offset + 1) * es);
+    if (!t.map->data()) return t;
+    // The pages of the elements, a run of consecutive bytes at a time (offsets rise in row-major order).
+    size_t begin = 0, end = 0;
+    bool opened = true;
+    t.each([&](int64_t off, int64_t) {
+      const size_t at = static_cast<size_t>(off) * es;
+      if (end > begin && at == end) {
+        end += es;
+        return;
+      }
+      if (end > begin) opened = opened && t.map->open(begin, end);
+      begin = at;
+      end = at + es;
+    });
+    if (end > begin) opened = opened && t.map->open(begin, end);
+    if (!opened) t.map = std::make_unique<Mapping>(0); // no data(): the test skips
     return t;
   }
 
@@ -818,8 +845,9 @@ struct FarTensor {
 
 // Every tensor of a forward and backward lies in its own mapping with one dim's stride putting its
 // far end past 2^31 elements (the batch, head or sequence dim, in turn), so any offset computed in
-// 32 bits would land elsewhere. Results match the reference. Skipped where the kernel refuses the
-// address space (MAP_NORESERVE needs overcommit).
+// 32 bits would land elsewhere. Results match the reference. Only the elements' pages are accessible
+// (Mapping): a stray read or write between them faults. Skipped where the kernel refuses the address
+// space (a limit on it, ulimit -v) or the pages.
 TEST_F(Reliability, ElementOffsetsBeyondTwoToThe31) {
   for (fb_dtype dtype : fbtest::level_dtypes()) {
     const int64_t d = fbtest::head_dim_for(dtype, 24);
@@ -840,7 +868,8 @@ TEST_F(Reliability, ElementOffsetsBeyondTwoToThe31) {
     FarTensor dv = FarTensor::make(dtype, {s.batch, s.heads_kv, s.seqlen_k, s.head_dim_v}, 2);
     FarTensor delta = FarTensor::make(FB_F32, {s.batch, s.heads_q, s.seqlen_q}, 1);
     for (const FarTensor* x : {&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, &delta}) {
-      if (!x->map->data()) GTEST_SKIP() << "mmap(MAP_NORESERVE) of " << x->max_offset() << " elements failed";
+      if (!x->map->data())
+        GTEST_SKIP() << "mmap(PROT_NONE) of " << x->max_offset() << " elements, or mprotect of their pages, failed";
       ASSERT_GT(x->max_offset(), int64_t{1} << 31);
     }
     q.copy_from(in.q);
