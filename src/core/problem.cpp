@@ -41,21 +41,16 @@ const char* const kDimNames3[] = {"batch", "heads", "seqlen"};
 bool mul_overflows(int64_t a, int64_t b, int64_t* out) { return __builtin_mul_overflow(a, b, out); }
 bool add_overflows(int64_t a, int64_t b, int64_t* out) { return __builtin_add_overflow(a, b, out); }
 
-std::string shape_str(const fb_tensor& t) {
+// "[a, b, ...]": a tensor's shape or strides (its first `rank` values).
+std::string dims_str(const fb_tensor& t, const int64_t* dims) {
   std::ostringstream s;
   s << "[";
-  for (int i = 0; i < t.rank && i < FB_MAX_RANK; ++i) s << (i ? ", " : "") << t.shape[i];
+  for (int i = 0; i < t.rank && i < FB_MAX_RANK; ++i) s << (i ? ", " : "") << dims[i];
   s << "]";
   return s.str();
 }
-
-std::string stride_str(const fb_tensor& t) {
-  std::ostringstream s;
-  s << "[";
-  for (int i = 0; i < t.rank && i < FB_MAX_RANK; ++i) s << (i ? ", " : "") << t.stride[i];
-  s << "]";
-  return s.str();
-}
+std::string shape_str(const fb_tensor& t) { return dims_str(t, t.shape); }
+std::string stride_str(const fb_tensor& t) { return dims_str(t, t.stride); }
 
 // What validation learned about one tensor: its dtype and the bytes it may touch.
 struct Checked {
