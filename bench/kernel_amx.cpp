@@ -8,10 +8,10 @@
 #include <omp.h>
 #include <x86intrin.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "bf16_blocks.h"
 #include "cpu/amx/amx_micro.h"
 #include "cpu/amx/real_tiles.h"
 #include "cpu/avx512/pack_bf16.h"
@@ -26,39 +26,22 @@ double amx_microkernel_probe(int threads, long iters, int m, int n, int k, bool 
   double share = 0; // the threads' mean seconds in the products
 #pragma omp parallel num_threads(threads)
   {
-    // C [m][n] f32 += (A + A_lo) B: A [m][k] bf16, B in VNNI pairs [k/2][2n], 64-byte aligned and each
-    // row one cache line longer, as the library's packed operands and f32 blocks are (math_bf16.h:
-    // kPad, kPadF); 1.0 and 2^-9 in bf16, so nothing grows without bound.
-    const int64_t lda = Math::a_ld(k), ldb = 2 * n + Math::kPad, ldc = n + Math::kPadF;
-    struct alignas(64) Line {
-      uint16_t x[32];
-    };
-    std::vector<Line> a(static_cast<size_t>(m * lda / 32 + 1)), lo(a.size());
-    std::vector<Line> b(static_cast<size_t>(k / 2 * ldb / 32 + 1));
-    for (Line& l : a) std::fill(l.x, l.x + 32, uint16_t{0x3f80});
-    for (Line& l : lo) std::fill(l.x, l.x + 32, uint16_t{0x3b00});
-    for (Line& l : b) std::fill(l.x, l.x + 32, uint16_t{0x3f80});
-    struct alignas(64) FLine {
-      float x[16];
-    };
-    std::vector<FLine> c(static_cast<size_t>(m * ldc / 16 + 1));
-    auto* pa = reinterpret_cast<const bf16*>(a.data());
-    auto* pl = hi_lo ? reinterpret_cast<const bf16*>(lo.data()) : nullptr;
-    auto* pb = reinterpret_cast<const bf16*>(b.data());
-    std::vector<FLine> work(after_vector ? 512 : 0);
+    Bf16Blocks<Math> blk(m, n, k);
+    std::vector<F32Line> work(after_vector ? 512 : 0);
     const unsigned long long tsc0 = __rdtsc();
     unsigned long long in_products = 0;
     Micro::begin();
     // S and dP start from zero; the products with P and dS accumulate onto C (O, dV, dK, dQ)
     for (long i = 0; i < iters; ++i) {
       if (after_vector)
-        for (FLine& l : work) { // 6 dependent FMAs per vector, 512 vectors
+        for (F32Line& l : work) { // 6 dependent FMAs per vector, 512 vectors
           __m512 x = _mm512_load_ps(l.x);
           for (int j = 0; j < 6; ++j) x = _mm512_fmadd_ps(x, _mm512_set1_ps(0.5f), _mm512_set1_ps(0.25f));
           _mm512_store_ps(l.x, x);
         }
       const unsigned long long t = __rdtsc();
-      Micro::gemm(m, n, k, pa, pl, lda, pb, ldb, c[0].x, ldc, hi_lo && i > 0, nullptr);
+      Micro::gemm(m, n, k, blk.pa(), blk.pl(hi_lo), blk.lda, blk.pb(), blk.ldb, blk.pc(), blk.ldc, hi_lo && i > 0,
+                  nullptr);
       in_products += __rdtsc() - t;
     }
     Micro::end();
