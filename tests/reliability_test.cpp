@@ -67,7 +67,7 @@ Reference reference(const Case& c, const Inputs& in, const std::vector<double>* 
   return r;
 }
 
-// Bound relative to max |ref|. f32: kRelTol. Half precision: each output is rounded once from
+// Bound relative to max(max |ref|, 1). f32: kRelTol. Half precision: each output is rounded once from
 // an f32 total (u), delta reads the rounded o and dq, dk read delta; the sweep in attention_test
 // measures at most 1.6u, so 4u leaves room without hiding a real error (those are O(1)).
 double tolerance(fb_dtype dtype) { return dtype == FB_F32 ? fbtest::kRelTol : 4 * fbtest::unit_roundoff(dtype); }
@@ -81,8 +81,8 @@ void expect_near_reference(const Outputs& out, const Reference& r, double tol) {
   if (out.delta.exists()) { EXPECT_TRUE(fbtest::near_ref("delta", out.delta, r.delta, tol)); }
 }
 
-// max |out - ref| <= tol * max |ref| + floor: relative to the tensor's own scale, as near_ref, for
-// outputs that are tiny on purpose. `floor` covers what underflows to subnormals.
+// max |out - ref| <= tol * max |ref| + floor: relative to the tensor's own scale, without near_ref's
+// floor of 1, for outputs that are tiny on purpose. `floor` covers what underflows to subnormals.
 ::testing::AssertionResult near_ref_scaled(const char* what, const Tensor& out, const std::vector<double>& ref,
                                            double tol, double floor) {
   const std::vector<double> got = out.read();
@@ -163,7 +163,7 @@ double max_abs_dot(const ref::Shape& s, const std::vector<double>& q, const std:
 // follow from f32 arithmetic (any f32 attention has them):
 //  - a logit s carries an absolute error of about |s| 2^-24 (D products are summed, then scaled by
 //    scale * log2(e)), which exp turns into a relative error of P: o, lse, dv and delta are held
-//    to the dtype's tolerance + 16 |s|max 2^-24, relative to max |ref| (measured: up to
+//    to the dtype's tolerance + 16 |s|max 2^-24, relative to max(max |ref|, 1) (measured: up to
 //    0.75 |s|max 2^-24, on dv, since the forward and the backward compute the same raw scores q.k;
 //    1.5 before, when the forward scaled Q first);
 //  - dq and dk also carry scale (here ~1e3) times the error of dP - delta. The reference's backward
@@ -250,7 +250,7 @@ TEST_F(Reliability, BackwardRecomputesTheForwardsProbabilities) {
 
 // Tiny inputs: q and k so small that every logit is ~0 (uniform attention), then v, then dout so small
 // that the outputs they scale are tiny, in the normal and in the subnormal range of the dtype. Results
-// match the reference relative to their own magnitude,
+// match the reference relative to their own magnitude (near_ref's floor of 1 would hide anything),
 // plus a floor of 16 of the smallest normal values of the output type (f32: 2^-126; f16: 16 of its
 // smallest subnormals). In the subnormal range the floor dominates: there the test shows that tiny
 // inputs turn into no NaN, no Inf and no value of normal size (AMX, for one, reads subnormal bf16 as

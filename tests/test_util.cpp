@@ -482,7 +482,7 @@ namespace {
   double max_ref = 0;
   for (double r : ref)
     if (std::isfinite(r)) max_ref = std::max(max_ref, std::abs(r));
-  const double scale = max_ref > 0 ? max_ref : zero_scale;
+  const double scale = max_ref > 0 ? std::max(max_ref, 1.0) : zero_scale;
   const double bound = tol * scale;
   double worst = -1;
   size_t at = 0;
@@ -509,7 +509,7 @@ namespace {
   m << what << ": max |out - ref| = " << worst << " at " << index_string(out.shape(), static_cast<int64_t>(at))
     << " (out " << got[at] << ", ref " << ref[at] << ") exceeds " << bound << " = " << tol;
   if (max_ref > 0)
-    m << " * max |ref| (" << max_ref << ")";
+    m << " * max(max |ref| = " << max_ref << ", 1)";
   else
     m << " * " << zero_scale << " (the reference is 0 everywhere: the size of what cancels)";
   return ::testing::AssertionFailure() << m.str();

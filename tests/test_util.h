@@ -157,8 +157,7 @@ class Snapshot {
 constexpr double kRelTol = 2e-5;
 
 std::string index_string(const std::vector<int64_t>& shape, int64_t flat);
-// max|out - ref| <= tol * max|ref| (relative to the output's magnitude, also below 1; before 2026-12-06
-// tol * max(max|ref|, 1)); any NaN or infinity fails. Reports the worst element.
+// max|out - ref| <= tol * max(max|ref|, 1); any NaN or infinity fails. Reports the worst element.
 // Where the reference is 0 everywhere, the bound is tol * zero_scale: an output that is exactly 0 by
 // cancellation has no magnitude of its own; the caller gives the size of what cancels (default 1).
 ::testing::AssertionResult near_ref(const char* what, const Tensor& out, const std::vector<double>& ref,
