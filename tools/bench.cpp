@@ -254,9 +254,9 @@ CheckReport sampled_check(const Problem& p, const Tensors& t, uint64_t seed) {
     std::vector<int64_t> heads; // query heads of this kv head to check
   };
   std::vector<Task> tasks;
-  for (auto [b, h] : {std::pair<int64_t, int64_t>{0, 0}, {p.batch - 1, p.heads_q - 1}}) {
-    const int64_t hk = h / group;
-    auto it = std::find_if(tasks.begin(), tasks.end(), [&](const Task& x) { return x.b == b && x.hk == hk; });
+  for (const auto& [b, h] : {std::pair<int64_t, int64_t>{0, 0}, {p.batch - 1, p.heads_q - 1}}) {
+    const int64_t hk = h / group, batch = b; // (clang 14 does not capture structured bindings)
+    auto it = std::find_if(tasks.begin(), tasks.end(), [&](const Task& x) { return x.b == batch && x.hk == hk; });
     if (it == tasks.end()) tasks.push_back({b, hk, {h}});
     else if (std::find(it->heads.begin(), it->heads.end(), h) == it->heads.end()) it->heads.push_back(h);
   }

@@ -342,6 +342,9 @@ TEST(SafetensorsWrite, RefusesBadTensors) {
 // --- Float conversions ---------------------------------------------------------------------------------
 
 TEST(SafetensorsConvert, F16MatchesTheCompiler) {
+#ifndef __FLT16_MANT_DIG__ // _Float16: GCC 12 on x86-64; clang from 15
+  GTEST_SKIP() << "this compiler has no _Float16 here";
+#else
   for (uint32_t h = 0; h < 65536; ++h) {
     const float got = st::f16_to_f32(static_cast<uint16_t>(h));
     const float want = static_cast<float>(std::bit_cast<_Float16>(static_cast<uint16_t>(h)));
@@ -366,6 +369,7 @@ TEST(SafetensorsConvert, F16MatchesTheCompiler) {
     const uint16_t want = std::bit_cast<uint16_t>(static_cast<_Float16>(f));
     ASSERT_EQ(st::f32_to_f16(f), want) << f;
   }
+#endif
 }
 
 TEST(SafetensorsConvert, Bf16RoundsToNearestEven) {
