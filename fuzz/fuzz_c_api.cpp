@@ -874,6 +874,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Bytes in(data, size);
   Case c;
   decode(in, c);
+  // flashback.h's functions that take an enum, with the value q's dtype took (a wild one too), as a C
+  // caller may pass it: the library reads it as the int it is (c_api.cpp: enum_value), not as the enum,
+  // which UBSan checks; an unknown one is answered as unknown.
+  const int32_t raw = c.args[Q].t.dtype;
+  check((fb_cpu_kernels_isa(static_cast<fb_dtype>(raw)) == nullptr) == !valid_dtype(raw), "fb_cpu_kernels_isa");
+  const bool a_status = raw >= FB_SUCCESS && raw <= FB_ERROR_INTERNAL;
+  check((std::strcmp(fb_status_name(static_cast<fb_status>(raw)), "FB_STATUS_UNKNOWN") == 0) == !a_status,
+        "fb_status_name");
+  check(fb_tensor_contiguous4(nullptr, static_cast<fb_dtype>(raw), 1, 2, 3, 4).dtype == raw, "fb_tensor_contiguous4");
 
   // Buffers: each tensor that is sane and small gets exactly its extent. The others get an address of
   // their own, 2^59 bytes apart and far above any heap, that nothing ever reads: the library only sees

@@ -38,7 +38,11 @@ def c_api_seed(mode="forward_backward", dtype="f32", b=1, hq=2, group=1, sq=9, s
                left=None, right=None, scale_index=None, threads=1, reserved=0, grads=0x0F, layouts=None,
                ws="library", ws_extra=0, values="moderate", seed=1, late=0, sk_wild=None, sq_wild=None):
     # sk_wild, sq_wild: Sk, Sq as an index into the harness's kWild (9, 10, 11: 1023, 1024, 1025) instead of sk, sq
-    out = [MODES[mode] | DTYPES[dtype] << 2]
+    # dtype: a name, or an int8 that is no dtype's value (the harness's fourth dtype choice reads it)
+    if dtype in DTYPES:
+        out = [MODES[mode] | DTYPES[dtype] << 2]
+    else:
+        out = [MODES[mode] | 3 << 2, dtype & 0xFF]
     out += small(b, 1, 2) + small(hq, 1, 4)
     divisors = [x for x in range(1, hq + 1) if hq % x == 0]
     out += [divisors.index(hq // group)]  # g % len(divisors) picks Hk; Hk = Hq / group
@@ -131,6 +135,9 @@ def c_api_seeds():
     seeds["split_queries"] = c_api_seed(hq=2, group=2, sq_wild=11, sk=60, d=8, dv=6, threads=2)
     seeds["split_queries_window_bf16"] = c_api_seed(hq=2, group=1, sq_wild=11, sk=99, d=7, dv=9, left=3, threads=2,
                                                     dtype="bf16")
+    # dtype values no dtype has, which the library must read as ints (c_api.cpp: enum_value)
+    seeds["dtype_unknown"] = c_api_seed(dtype=7)
+    seeds["dtype_negative"] = c_api_seed(dtype=-1)
     seeds["scale_nan"] = c_api_seed(scale_index=7)
     seeds["scale_underflow"] = c_api_seed(scale_index=9)
     return seeds

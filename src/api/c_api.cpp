@@ -61,7 +61,19 @@ void with_workspace(size_t needed, void* workspace, size_t workspace_bytes, Run&
   run(workspace);
 }
 
-fb_tensor contiguous(void* data, fb_dtype dtype, int rank, const int64_t* shape) {
+// The value a C caller passed for an enum parameter, whatever it is. C lets any int through an enum
+// parameter; C++ gives an enum without a fixed type only the values its enumerators' bits span (fb_dtype:
+// 0 to 3), and loading another one as the enum is undefined behavior (which clang's UBSan reports:
+// fb_cpu_kernels_isa(7), fb_status_name(99)). Its bytes, read as the int it is, are defined.
+template <class E>
+int32_t enum_value(const E& e) {
+  static_assert(sizeof(E) == sizeof(int32_t));
+  int32_t v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
+fb_tensor contiguous(void* data, int32_t dtype, int rank, const int64_t* shape) {
   fb_tensor t;
   std::memset(&t, 0, sizeof t);
   t.data = data;
@@ -91,12 +103,12 @@ void fb_params_init(fb_params* params) {
 
 fb_tensor fb_tensor_contiguous4(void* data, fb_dtype dtype, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
   const int64_t shape[4] = {d0, d1, d2, d3};
-  return contiguous(data, dtype, 4, shape);
+  return contiguous(data, enum_value(dtype), 4, shape);
 }
 
 fb_tensor fb_tensor_contiguous3(void* data, fb_dtype dtype, int64_t d0, int64_t d1, int64_t d2) {
   const int64_t shape[3] = {d0, d1, d2};
-  return contiguous(data, dtype, 3, shape);
+  return contiguous(data, enum_value(dtype), 3, shape);
 }
 
 fb_status fb_forward_workspace_size(const fb_tensor* q, const fb_tensor* k, const fb_tensor* v, const fb_tensor* o,
@@ -143,8 +155,8 @@ int fb_default_num_threads(void) { return flashback::cpu::default_threads(); }
 
 const char* fb_last_error(void) { return g_last_error.c_str(); }
 
-const char* fb_status_name(fb_status status) {
-  switch (status) {
+const char* fb_status_name(fb_status status_arg) {
+  switch (enum_value(status_arg)) {
     case FB_SUCCESS: return "FB_SUCCESS";
     case FB_ERROR_INVALID_ARGUMENT: return "FB_ERROR_INVALID_ARGUMENT";
     case FB_ERROR_UNSUPPORTED: return "FB_ERROR_UNSUPPORTED";
@@ -158,7 +170,8 @@ const char* fb_version(void) { return "0.1.0"; }
 
 const char* fb_cpu_isa(void) { return flashback::cpu::active_isa_name(); }
 
-const char* fb_cpu_kernels_isa(fb_dtype dtype) {
+const char* fb_cpu_kernels_isa(fb_dtype dtype_arg) {
+  const int32_t dtype = enum_value(dtype_arg);
   if (dtype != FB_F32 && dtype != FB_BF16 && dtype != FB_F16) return nullptr;
   const flashback::cpu::Isa active = flashback::cpu::active_isa();
   return flashback::cpu::level_name(
