@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "cpu/isa.h"
+
 double fma_probe_avx512(int threads, long iters);
 double fma_probe_avx2(int threads, long iters);
 double dpbf16_probe(int threads, long iters);
@@ -13,6 +15,11 @@ double amx_microkernel_probe(int threads, long iters, int m, int n, int k, bool 
 double dot_microkernel_probe(int threads, long iters, int m, int n, int k, bool hi_lo);
 
 namespace {
+
+// What the probes may run: the library's own probe of the CPU and of what the OS saves and permits
+// (cpu/isa.cpp: XCR0, and Linux's permission for the AMX tile state), which cpuid alone does not tell
+// (__builtin_cpu_supports, where clang 14 also knows no "amx-tile").
+bool machine_has(flashback::cpu::Isa isa) { return flashback::cpu::machine_isa() >= isa; }
 
 // Calibrates a probe to about `seconds`, then keeps the best of three (the machine is shared).
 double best_of_three(double (*probe)(int, long), int threads, double seconds, double flops_per_iter) {
@@ -36,12 +43,12 @@ double calibrated(Probe&& probe, double seconds, double flop_per_iter) {
 } // namespace
 
 double dpbf16_ceiling_flops(int threads, double seconds) {
-  if (!__builtin_cpu_supports("avx512bf16")) return 0;
+  if (!machine_has(flashback::cpu::Isa::avx512bf16)) return 0;
   return best_of_three(&dpbf16_probe, threads, seconds, 2.0 * 32 * 12 * threads);
 }
 
 double amx_ceiling_flops(int threads, double seconds) {
-  if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("amx-tile")) return 0;
+  if (!machine_has(flashback::cpu::Isa::amx)) return 0;
   return best_of_three(&amx_probe, threads, seconds, 2.0 * 16 * 16 * 32 * 4 * threads);
 }
 
@@ -60,7 +67,7 @@ double f32_microkernel_flops(int threads, double seconds, int m, int n, int k) {
 
 double amx_microkernel_flops(int threads, double seconds, int m, int n, int k, bool hi_lo, bool after_vector) {
 #if defined(FLASHBACK_BENCH_KERNEL)
-  if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("amx-tile")) return 0;
+  if (!machine_has(flashback::cpu::Isa::amx)) return 0;
   auto probe = [&](long iters) { return amx_microkernel_probe(threads, iters, m, n, k, hi_lo, after_vector); };
   return calibrated(probe, seconds, 2.0 * m * n * k * (hi_lo ? 2 : 1) * threads);
 #else
@@ -71,7 +78,7 @@ double amx_microkernel_flops(int threads, double seconds, int m, int n, int k, b
 
 double dot_microkernel_flops(int threads, double seconds, int m, int n, int k, bool hi_lo) {
 #if defined(FLASHBACK_BENCH_KERNEL)
-  if (!__builtin_cpu_supports("avx512bf16")) return 0;
+  if (!machine_has(flashback::cpu::Isa::avx512bf16)) return 0;
   auto probe = [&](long iters) { return dot_microkernel_probe(threads, iters, m, n, k, hi_lo); };
   return calibrated(probe, seconds, 2.0 * m * n * k * (hi_lo ? 2 : 1) * threads);
 #else
@@ -81,8 +88,8 @@ double dot_microkernel_flops(int threads, double seconds, int m, int n, int k, b
 }
 
 const char* fma_ceiling_isa() {
-  if (__builtin_cpu_supports("avx512f")) return "avx512";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "avx2";
+  if (machine_has(flashback::cpu::Isa::avx512)) return "avx512";
+  if (machine_has(flashback::cpu::Isa::avx2)) return "avx2";
   return "none";
 }
 
