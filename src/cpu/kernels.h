@@ -14,6 +14,7 @@ namespace flashback::cpu {
 // Block sizes: BM query rows by BN keys per tile.
 struct Tiles {
   int64_t bm = 0, bn = 0;
+  friend constexpr bool operator==(const Tiles&, const Tiles&) = default;
 };
 
 // The most blocks a work item runs side by side: query blocks in the forward (ForwardJob::q_group),
