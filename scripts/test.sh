@@ -68,17 +68,19 @@ stage_test() {
     build test && run_ctest test 900
 }
 
+# The level build-test's library runs at on this machine (`flashback info`), or nothing without that build.
+test_level() { build-test/tools/flashback info 2>/dev/null | sed -n 's/^isa: *//p'; }
+
 # -DFLASHBACK_EMULATED_KERNELS for the sanitized and fuzz builds: src/cpu/emulated/ (AVX-512 and
 # vdpbf16ps on AVX2) runs only on machines without AVX-512 or AVX512_BF16, so they leave it out where
 # build-test's library runs avx512bf16 or amx (the test stage compiles it everywhere). Under clang's
 # sanitizers and coverage it took 114 s of the fuzz build's 341 s of compiling (one file, the
 # build's longest), under GCC's 53 s of the asan build's 328.
 emulated_kernels() {
-  if build-test/tools/flashback info 2>/dev/null | grep -Eq '^isa: *(avx512bf16|amx)$'; then
-    echo -DFLASHBACK_EMULATED_KERNELS=OFF
-  else
-    echo -DFLASHBACK_EMULATED_KERNELS=ON
-  fi
+  case $(test_level) in
+    avx512bf16 | amx) echo -DFLASHBACK_EMULATED_KERNELS=OFF ;;
+    *) echo -DFLASHBACK_EMULATED_KERNELS=ON ;;
+  esac
 }
 
 # configure_sanitized <name> <sanitizers> [cmake args...]: build-<name> at -O1 with the sanitizers.
@@ -152,7 +154,7 @@ stage_fuzz() {
   # (FLASHBACK_EMULATION, README "Instruction sets").
   local runs=(fuzz_c_api fuzz_safetensors fuzz_c_api:amx)
   # Where the machine has AMX the emulated run is the first one again: left out.
-  build-test/tools/flashback info 2>/dev/null | grep -Eq '^isa: *amx$' && runs=(fuzz_c_api fuzz_safetensors)
+  [ "$(test_level)" = amx ] && runs=(fuzz_c_api fuzz_safetensors)
   for run in "${runs[@]}"; do
     target=${run%%:*}
     emulation=${run#"$target"}
