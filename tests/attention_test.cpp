@@ -559,6 +559,54 @@ TEST_P(Attention, LongSequences) {
   });
 }
 
+// f32 sums of many small terms after a large one (a sink: the first key's value row, the first query's
+// output gradient, 2^24 times the others) lose what blocked summation allows and no more. Each block's
+// product is summed from zero and then added to the output's running total (micro_f32.h: tile), so a
+// term is rounded against its block's partial sum and the block's sum against the total; for n
+// positive terms in blocks of b, |out - ref| <= (b + n / b + 4) u ref, the 4 u for P (from the rounded
+// LSE in the backward) and the final scaling: here b - 1 units, the ones in the sink's block. One FMA
+// chain through the whole output (the kernels before this test) added each 1 to 2^24 and lost it, up
+// to the end of the thread's part of the sum: 255 - 511 units. O sums over the keys in blocks of BN, dV
+// over the queries in blocks of BM; dQ and dK take the same products.
+TEST_P(Attention, F32SumsAfterASink) {
+  if (dtype() != FB_F32) GTEST_SKIP() << "f32 only: half-precision outputs are rounded far above these sums' error";
+  constexpr int64_t kTerms = 2048, kRows = 16, kD = 16;
+  constexpr double kSink = 16777216.0; // 2^24, where the ulp is 2: 2^24 + 1 rounds to 2^24
+  for (const bool over_keys : {true, false}) {
+    Case c = over_keys ? make_case(1, 1, 1, kRows, kTerms, kD, kD) : make_case(1, 1, 1, kTerms, kRows, kD, kD);
+    c.dtype = FB_F32;
+    SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
+    std::mt19937_64 rng = fbtest::rng_for(c.describe());
+    fbtest::Inputs in = fbtest::make_inputs(c, rng);
+    // Every score 0 (P = 1 in the forward's sums, 1 / Sk in the backward's); row 0 of V and of dO the sink.
+    std::vector<double> zeros(static_cast<size_t>(in.q.numel()), 0.0), v(static_cast<size_t>(in.v.numel()), 1.0);
+    std::vector<double> dout(static_cast<size_t>(in.dout.numel()), 1.0);
+    std::fill_n(v.begin(), kD, kSink);
+    std::fill_n(dout.begin(), kD, kSink);
+    in.q.write(zeros);
+    in.v.write(v);
+    in.dout.write(dout);
+    fbtest::Outputs out = fbtest::make_outputs(c);
+    ASSERT_EQ(fbtest::run_forward(c, in, out), FB_SUCCESS) << fb_last_error();
+    ASSERT_EQ(fbtest::run_backward(c, in, out), FB_SUCCESS) << fb_last_error();
+    std::vector<double> o, lse, dq, dk, dv, delta;
+    const std::vector<double> k = in.k.read(), o_in = out.o.read();
+    ref::forward(c.shape, c.opt, zeros, k, v, o, lse);
+    ref::backward(c.shape, c.opt, zeros, k, v, dout, dq, dk, dv, delta, &o_in);
+    const int64_t block = over_keys ? tiles(kD, kD, false).bn : tiles(kD, kD, true).bm;
+    const double units = static_cast<double>(block + kTerms / block + 4);
+    const std::vector<double> got = (over_keys ? out.o : out.dv).read();
+    const std::vector<double>& want = over_keys ? o : dv;
+    const double u = fbtest::unit_roundoff(FB_F32);
+    double worst = 0; // max |out - ref| / (u ref), ref > 0 everywhere
+    for (size_t i = 0; i < want.size(); ++i)
+      worst = std::max(worst, std::isnan(got[i]) ? std::numeric_limits<double>::infinity()
+                                                 : std::abs(got[i] - want[i]) / (u * want[i]));
+    EXPECT_LE(worst, units) << (over_keys ? "o" : "dv") << " over " << kTerms << " terms in blocks of " << block
+                            << ": max |out - ref| / (u ref) = " << worst << ", allowed (b + n / b + 4) = " << units;
+  }
+}
+
 // --- Random problems ----------------------------------------------------------------------------------
 
 // Everything the sweeps above vary, drawn together, so that combinations they do not list (a window

@@ -410,19 +410,6 @@ struct MathF32 {
       product(rows_, p_.head_dim, kn_, s_.ds, s_.bnp, 1, kf_ + kb_ * ldk_, ldk_, dq + rb_ * ld, ld, true);
     }
 
-    // dq [rows][D] += dS K of n workers' last add(), one query block against consecutive key blocks
-    // whose tiles are unmasked, in worker order: as their add_dq() one after the other, the same bits,
-    // but dq stays in registers across the key blocks (one product over n key blocks of k). Only over
-    // microkernels with a sum of products (MicroF32); attention.h calls add_dq() in turn otherwise.
-    static void add_dq_sum(Backward* w, int64_t n, float* dq, int64_t ld)
-      requires requires { typename Micro::Segment; }
-    {
-      typename Micro::Segment seg[kMaxGroup];
-      for (int64_t g = 0; g < n; ++g) seg[g] = {w[g].s_.ds, w[g].kf_, w[g].kn_}; // unmasked: all rows and keys
-      Micro::gemm_sum(w[0].rows_, w[0].p_.head_dim, seg, static_cast<int>(n), w[0].s_.bnp, 1, w[0].ldk_, dq, ld,
-                      true, nullptr);
-    }
-
     // The key block's dK and dV rows (T, or f32 partial rows when the queries are split); null: not needed.
     template <class U>
     void finish(U* dk, int64_t lddk, U* dv, int64_t lddv, int64_t cols) {

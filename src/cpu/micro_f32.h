@@ -24,42 +24,49 @@ struct MicroF32 {
   static_assert(MR * NV + NV + 1 <= V::kRegisters, "the C tile, a row of B and a broadcast must fit");
 
   // --- GEMM ----------------------------------------------------------------------------------------
-  // One term of a sum of products A B over consecutive ranges of k (Segments): A(r, k) = a[r * ars +
-  // k * aks], B(k, x) = b[k * ldb + x] for k < kk, the strides shared by all terms.
-  struct Segment {
-    const float* a;
-    const float* b;
-    int64_t kk;
-  };
-
-  // C[mr][nv*L] = (acc ? row_scale * C : 0) + the sum of the segments' A B, rows from a + a_off and
-  // columns from b + b_off in each; C stays in registers across them (one FMA chain per element, in
-  // segment order: the same bits as one product over the concatenated k). The last vector of each
-  // row is masked by `last` when kTail (partial columns), so nothing outside the tile is read or written.
-  // kFetch (gemm_fetching): one of pf's paced steps per k. A compile-time choice: a test of pf per k
-  // cost the f32 attention 3-5% of its time (Zen 4, side by side).
+  // C[mr][nv*L] = (acc ? row_scale * C : 0) + A B over kk k: A(r, k) = a[r * ars + k * aks], B(k, x) =
+  // b[k * ldb + x]. The product's sum runs in registers from zero, one FMA chain per element in k order,
+  // and C joins it at the end (one FMA), so that an output summed over many blocks (O over the key
+  // blocks, dK and dV over the query blocks, dQ over the key blocks) is a sum of the blocks' sums: its
+  // rounding grows with the block's k plus the number of blocks, not with the whole sequence (one chain
+  // through C from block to block had 3-4x the error of PyTorch's CPU kernel at Sk = 8192;
+  // bench/torch_sdpa.py accuracy, BENCHMARKS.md). The last vector of each row is masked by `last` when
+  // kTail (partial columns), so nothing outside the tile is read or written. kFetch (gemm_fetching): one
+  // of pf's paced steps per k. A compile-time choice: a test of pf per k cost the f32 attention 3-5% of
+  // its time (Zen 4, side by side).
   template <int mr, int nv, bool kTail, bool kFetch>
-  static void tile(const Segment* seg, int nseg, int64_t a_off, int64_t ars, int64_t aks, int64_t b_off, int64_t ldb,
-                   float* c, int64_t ldc, bool acc, const float* row_scale, K last, Prefetch* pf) {
+  static void tile(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb, int64_t kk, float* c,
+                   int64_t ldc, bool acc, const float* row_scale, K last, Prefetch* pf) {
     R cr[mr][nv];
-    load_c<mr, nv, kTail>(cr, c, ldc, acc, row_scale, last);
-    for (int sg = 0; sg < nseg; ++sg) {
-      const float* ar[mr];
 #pragma GCC unroll 8
-      for (int r = 0; r < mr; ++r) ar[r] = seg[sg].a + a_off + r * ars;
-      const float* b = seg[sg].b + b_off;
-      for (int64_t k = 0, kk = seg[sg].kk; k < kk; ++k) {
-        if constexpr (kFetch) pf->paced();
-        const float* brow = b + k * ldb;
-        R bv[nv];
+    for (int r = 0; r < mr; ++r)
 #pragma GCC unroll 4
-        for (int v = 0; v < nv; ++v)
-          bv[v] = kTail && v == nv - 1 ? V::load_masked(brow + v * L, last) : V::loadu(brow + v * L);
+      for (int v = 0; v < nv; ++v) cr[r][v] = V::zero();
+    const float* ar[mr];
 #pragma GCC unroll 8
-        for (int r = 0; r < mr; ++r) {
-          const R av = V::set1(ar[r][k * aks]);
+    for (int r = 0; r < mr; ++r) ar[r] = a + r * ars;
+    for (int64_t k = 0; k < kk; ++k) {
+      if constexpr (kFetch) pf->paced();
+      const float* brow = b + k * ldb;
+      R bv[nv];
 #pragma GCC unroll 4
-          for (int v = 0; v < nv; ++v) cr[r][v] = V::fma(av, bv[v], cr[r][v]);
+      for (int v = 0; v < nv; ++v)
+        bv[v] = kTail && v == nv - 1 ? V::load_masked(brow + v * L, last) : V::loadu(brow + v * L);
+#pragma GCC unroll 8
+      for (int r = 0; r < mr; ++r) {
+        const R av = V::set1(ar[r][k * aks]);
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; ++v) cr[r][v] = V::fma(av, bv[v], cr[r][v]);
+      }
+    }
+    if (acc) {
+#pragma GCC unroll 8
+      for (int r = 0; r < mr; ++r) {
+        const R s = row_scale ? V::set1(row_scale[r]) : V::set1(1.0f);
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; ++v) {
+          const float* p = c + r * ldc + v * L;
+          cr[r][v] = V::fma(kTail && v == nv - 1 ? V::load_masked(p, last) : V::loadu(p), s, cr[r][v]);
         }
       }
     }
@@ -67,8 +74,8 @@ struct MicroF32 {
   }
 
   // A tile's C registers from memory, (acc ? row_scale[r] * C : 0), the last vector of each row masked
-  // by `last` when kTail; and back. Shared with the bf16 microkernel (dot_bf16_micro.h); always
-  // inlined, so that cr stays in registers.
+  // by `last` when kTail: the vdpbf16ps microkernel's start (dot_bf16_micro.h), whose chains run on
+  // from C. And back to memory (both kernels). Always inlined, so that cr stays in registers.
   template <int mr, int nv, bool kTail>
   [[gnu::always_inline]] static inline void load_c(R (&cr)[mr][nv], const float* c, int64_t ldc, bool acc,
                                                    const float* row_scale, K last) {
@@ -100,7 +107,7 @@ struct MicroF32 {
       }
   }
 
-  using TileFn = void (*)(const Segment*, int, int64_t, int64_t, int64_t, int64_t, int64_t, float*, int64_t, bool,
+  using TileFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*, int64_t, bool,
                           const float*, K, Prefetch*);
 
   // The instantiation for (mr, nv, tail); a chain of compares, once per tile of thousands of FMAs.
@@ -132,16 +139,21 @@ struct MicroF32 {
   // same FMA chain over k whatever the tiling: the same bits.
   static int64_t row_tile(int64_t rest) { return rest > MR && rest < 2 * MR ? (rest + 1) / 2 : min64(MR, rest); }
 
-  // C[m][n] = (acc ? row_scale[r] * C : 0) + the sum over the segments of A B, each element one FMA
-  // chain through the segments in order. Column panels of NV*L outside (the panel of B stays in
-  // cache), row tiles of MR inside.
-  static void gemm_sum(int64_t m, int64_t n, const Segment* seg, int nseg, int64_t ars, int64_t aks, int64_t ldb,
-                       float* c, int64_t ldc, bool acc, const float* row_scale, Prefetch* pf = nullptr) {
+  // C[m][n] = (acc ? row_scale[r] * C : 0) + A B with A(r, k) = a[r * ars + k * aks],
+  // B(k, x) = b[k * ldb + x], each tile as tile() sums it. Column panels of NV*L outside (the panel of B
+  // stays in cache), row tiles of MR inside. With pf, one of its paced steps per k of each tile.
+  static void gemm_fetching(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks,
+                            const float* b, int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale,
+                            Prefetch* pf) {
     for_each_tile(m, n, [&](int64_t r0, int64_t mr, int64_t c0, int nv, bool tail, K last) {
-      pick_tile(static_cast<int>(mr), nv, tail, pf != nullptr)(seg, nseg, r0 * ars, ars, aks, c0, ldb,
+      pick_tile(static_cast<int>(mr), nv, tail, pf != nullptr)(a + r0 * ars, ars, aks, b + c0, ldb, kk,
                                                                c + r0 * ldc + c0, ldc, acc,
                                                                row_scale ? row_scale + r0 : nullptr, last, pf);
     });
+  }
+  static void gemm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
+                   int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale) {
+    gemm_fetching(m, n, kk, a, ars, aks, b, ldb, c, ldc, acc, row_scale, nullptr);
   }
   // The k steps of gemm(m, n, kk): one per k of each tile.
   static int64_t k_steps(int64_t m, int64_t n, int64_t kk) {
@@ -168,22 +180,6 @@ struct MicroF32 {
     }
   }
 
-  // C[m][n] = (acc ? row_scale[r] * C : 0) + A B with A(r, k) = a[r * ars + k * aks],
-  // B(k, x) = b[k * ldb + x].
-  static void gemm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
-                   int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale) {
-    const Segment seg{a, b, kk};
-    gemm_sum(m, n, &seg, 1, ars, aks, ldb, c, ldc, acc, row_scale);
-  }
-  // gemm, taking one of pf's paced steps per k of each tile (k_steps in all; none without pf): the
-  // fetch ahead of the decoding forward spread through its products (math_f32.h: Forward::upcoming).
-  static void gemm_fetching(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks,
-                            const float* b, int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale,
-                            Prefetch* pf) {
-    const Segment seg{a, b, kk};
-    gemm_sum(m, n, &seg, 1, ars, aks, ldb, c, ldc, acc, row_scale, pf);
-  }
-
   // gemm where row i sums only over k in [i + lo, i + hi]: see blocks.h.
   static void gemm_banded(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
                           int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale, int64_t lo,
@@ -193,10 +189,13 @@ struct MicroF32 {
 
   // --- Packing -------------------------------------------------------------------------------------
   // dst[c][r] = src[r][c] for r < rows, c < cols; zero for rows <= r < rows_pad (a multiple of L).
-  // L x L blocks transposed in registers.
+  // L x L blocks transposed in registers. Never inlined: inlined into the forward's work item (which
+  // GCC chose once the GEMM tile changed, 2026-12-06), the decoding forward, which packs each key block,
+  // kept the rows' pointers on the stack and took 1.2x the time (Zen 4, one thread, Hq = 32, Hk = 8,
+  // Sk = 8192, D = 128; 1.00x out of line).
   template <class T>
-  static void pack_t(const T* src, int64_t lds, int64_t rows, int64_t cols, float* dst, int64_t ldd,
-                     int64_t rows_pad) {
+  [[gnu::noinline]] static void pack_t(const T* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
+                                       int64_t ldd, int64_t rows_pad) {
     for (int64_t r0 = 0; r0 < rows_pad; r0 += L) {
       for (int64_t c0 = 0; c0 < cols; c0 += L) {
         const int nc = static_cast<int>(min64(L, cols - c0));

@@ -17,20 +17,23 @@ struct ScalarMicro {
   }
 
   // C[M][N] = (acc ? row_scale[r] * C : 0) + A B, where A(r, k) = a[r * ars + k * aks] and
-  // B(k, c) = b[k * ldb + c]. row_scale may be null (1).
+  // B(k, c) = b[k * ldb + c]. row_scale may be null (1). The product's sum runs from zero, in k order,
+  // and C joins it at the end (micro_f32.h: tile).
   static void gemm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
                    int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale) {
+    constexpr int64_t kCols = 64;
     for (int64_t r = 0; r < m; ++r) {
       float* crow = c + r * ldc;
-      if (!acc) {
-        for (int64_t x = 0; x < n; ++x) crow[x] = 0.0f;
-      } else if (row_scale) {
-        for (int64_t x = 0; x < n; ++x) crow[x] *= row_scale[r];
-      }
-      for (int64_t k = 0; k < kk; ++k) {
-        const float av = a[r * ars + k * aks];
-        const float* brow = b + k * ldb;
-        for (int64_t x = 0; x < n; ++x) crow[x] += av * brow[x];
+      const float s = row_scale ? row_scale[r] : 1.0f;
+      for (int64_t x0 = 0; x0 < n; x0 += kCols) {
+        const int64_t w = n - x0 < kCols ? n - x0 : kCols;
+        float sum[kCols] = {};
+        for (int64_t k = 0; k < kk; ++k) {
+          const float av = a[r * ars + k * aks];
+          const float* brow = b + k * ldb + x0;
+          for (int64_t x = 0; x < w; ++x) sum[x] += av * brow[x];
+        }
+        for (int64_t x = 0; x < w; ++x) crow[x0 + x] = acc ? crow[x0 + x] * s + sum[x] : sum[x];
       }
     }
   }
