@@ -59,23 +59,19 @@ struct MicroF32 {
         for (int v = 0; v < nv; ++v) cr[r][v] = V::fma(av, bv[v], cr[r][v]);
       }
     }
-    if (acc) {
-#pragma GCC unroll 8
-      for (int r = 0; r < mr; ++r) {
-        const R s = row_scale ? V::set1(row_scale[r]) : V::set1(1.0f);
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; ++v) {
-          const float* p = c + r * ldc + v * L;
-          cr[r][v] = V::fma(kTail && v == nv - 1 ? V::load_masked(p, last) : V::loadu(p), s, cr[r][v]);
-        }
-      }
-    }
+    if (acc) add_c<mr, nv, kTail>(cr, c, ldc, row_scale, last);
     store_c<mr, nv, kTail>(cr, c, ldc, last);
   }
 
-  // A tile's C registers from memory, (acc ? row_scale[r] * C : 0), the last vector of each row masked
-  // by `last` when kTail: the vdpbf16ps microkernel's start (dot_bf16_micro.h), whose chains run on
-  // from C. And back to memory (both kernels). Always inlined, so that cr stays in registers.
+  // The C tile's vector (r, v) from memory, the last vector of each row masked by `last` when kTail.
+  template <int nv, bool kTail>
+  [[gnu::always_inline]] static inline R c_vector(const float* c, int64_t ldc, int r, int v, K last) {
+    const float* p = c + r * ldc + v * L;
+    return kTail && v == nv - 1 ? V::load_masked(p, last) : V::loadu(p);
+  }
+  // A tile's C registers from memory, (acc ? row_scale[r] * C : 0): the vdpbf16ps microkernel's start
+  // (dot_bf16_micro.h), whose chains run on from C. add_c: the f32 tile's end, cr + row_scale[r] * C in
+  // one FMA. store_c: back to memory (both kernels). Always inlined, so that cr stays in registers.
   template <int mr, int nv, bool kTail>
   [[gnu::always_inline]] static inline void load_c(R (&cr)[mr][nv], const float* c, int64_t ldc, bool acc,
                                                    const float* row_scale, K last) {
@@ -83,14 +79,17 @@ struct MicroF32 {
     for (int r = 0; r < mr; ++r) {
       const R s = row_scale ? V::set1(row_scale[r]) : V::set1(1.0f);
 #pragma GCC unroll 4
-      for (int v = 0; v < nv; ++v) {
-        if (!acc) {
-          cr[r][v] = V::zero();
-        } else {
-          const float* p = c + r * ldc + v * L;
-          cr[r][v] = V::mul(kTail && v == nv - 1 ? V::load_masked(p, last) : V::loadu(p), s);
-        }
-      }
+      for (int v = 0; v < nv; ++v) cr[r][v] = acc ? V::mul(c_vector<nv, kTail>(c, ldc, r, v, last), s) : V::zero();
+    }
+  }
+  template <int mr, int nv, bool kTail>
+  [[gnu::always_inline]] static inline void add_c(R (&cr)[mr][nv], const float* c, int64_t ldc,
+                                                  const float* row_scale, K last) {
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; ++r) {
+      const R s = row_scale ? V::set1(row_scale[r]) : V::set1(1.0f);
+#pragma GCC unroll 4
+      for (int v = 0; v < nv; ++v) cr[r][v] = V::fma(c_vector<nv, kTail>(c, ldc, r, v, last), s, cr[r][v]);
     }
   }
   template <int mr, int nv, bool kTail>
