@@ -201,17 +201,16 @@ def scores(q, k, causal, scale):
     return s
 
 
-def materialized_forward(q, k, v, causal, scale):
-    """One head's o and lse, written from the definitions in q's precision (float64: the reference; float32:
-    issue 4's naive)"""
-    s = scores(q, k, causal, scale)
+def materialized_forward(s, v):
+    """One head's o and lse from its scores s (scores()), written from the definitions in s's precision
+    (float64: the reference; float32: issue 4's naive)"""
     return torch.softmax(s, dim=1) @ v, torch.logsumexp(s, dim=1)
 
 
-def materialized_backward(q, k, v, dout, o, lse, causal, scale):
-    """One head's dq, dk, dv from the given o and lse, as the libraries compute them: P = exp(scale q k^T - lse),
-    delta = rowsum(dout * o)"""
-    p = torch.exp(scores(q, k, causal, scale) - lse[:, None])
+def materialized_backward(s, q, k, v, dout, o, lse, scale):
+    """One head's dq, dk, dv from its scores s and the given o and lse, as the libraries compute them:
+    P = exp(s - lse), delta = rowsum(dout * o)"""
+    p = torch.exp(s - lse[:, None])
     ds = p * (dout @ v.T - (dout * o).sum(dim=1, keepdim=True))
     return scale * (ds @ k), scale * (ds.T @ q), p.T @ dout
 
@@ -251,12 +250,13 @@ def accuracy(args):
             ref, naive = {n: [] for n in names}, {n: [] for n in names}
             for h in range(args.heads):
                 x64 = [x[0, h].double() for x in (q, k, v, dout)]
-                o64, lse64 = materialized_forward(*x64[:3], args.causal, scale)
+                s64 = scores(x64[0], x64[1], args.causal, scale)
+                o64, lse64 = materialized_forward(s64, x64[2])
                 o_in, lse_in = o64.to(dtype), lse64.float()
-                r = (o64, lse64) + materialized_backward(*x64, o_in.double(), lse_in.double(), args.causal, scale)
+                r = (o64, lse64) + materialized_backward(s64, *x64, o_in.double(), lse_in.double(), scale)
                 x32 = [x.float() for x in x64]
-                nv = materialized_forward(*x32[:3], args.causal, scale) + \
-                    materialized_backward(*x32, o_in.float(), lse_in, args.causal, scale)
+                s32 = scores(x32[0], x32[1], args.causal, scale)
+                nv = materialized_forward(s32, x32[2]) + materialized_backward(s32, *x32, o_in.float(), lse_in, scale)
                 for n, a, b in zip(names, r, nv):
                     ref[n].append(a)
                     naive[n].append(b if n == "lse" else b.to(dtype))
