@@ -33,11 +33,16 @@ struct DotBf16Micro {
   using K = typename V::mask;
   static constexpr Isa isa = Isa::avx512bf16;
   static constexpr int64_t kK = 16; // operands zero-padded to 16 k (8 pairs)
-  // Query blocks of up to 64 rows take the backward's products with P and dS in f32 (math_bf16.h):
-  // measured on Zen 5 (Hq = 32, Hk = 8, Sk = 4096, D = 128, side by side), the backward took 0.47x the
-  // time of hi + lo products at Sq = 1, 0.63x at 8, 0.84x at 16, 0.79x at 24, 0.88x at 32, 0.92x at 48
-  // and 0.985x at 64 (Hq = Hk = 16); at 128 rows 1.01x, and 0.99x for the whole S = 4096 backward.
-  static constexpr int64_t kF32Rows = 64;
+  // Every query block takes the backward's products with P and dS in f32 (math_bf16.h: dV, dK, dQ on
+  // MicroF32's FMA tiles; S and dP stay here): vdpbf16ps runs at about twice the FMA rate in FLOP, so
+  // P and dS as hi + lo (two products each) cost what one f32 product does, and the passes that split
+  // them and pair their rows cost more. Measured on Zen 4, side by side against hi + lo for blocks of
+  // more than 64 rows (bf16, B = 1, Hq = 16, S = 4096): the backward in 0.94x the time at D = 128,
+  // 0.92x at D = 64, 0.93x causal; 0.93x at B = 8, S = 512; 0.78x at B = 32, Hq = 12, S = 197, D = 64;
+  // 0.74x with a window of 256 keys. On Zen 5 (Hq = 32, Hk = 8, Sk = 4096, D = 128) f32 products took
+  // 0.47x the time of hi + lo at Sq = 1, 0.92x at 48 rows, 0.985x at 64, 1.01x at 128 and 0.99x for
+  // the whole S = 4096 backward.
+  static constexpr int64_t kF32Rows = INT64_MAX;
   static constexpr int L = 16, MR = F::MR, NV = F::NV;
   static_assert(V::lanes == 16);
 
