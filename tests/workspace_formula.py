@@ -168,12 +168,15 @@ def bf16_sizes(isa, B, Hq, Hk, Sq, Sk, D, Dv, threads):
     BM, BN = (128, 64) if K == 32 else (128, 128)
     z = dims(BM, BN)
     TG, part = backward_common(B, Hq, Hk, Sq, Sk, D, Dv, threads, BM, BN)
-    scratch = (r(z["Dk"] * z["kt"]) + r(z["Dvk"] * z["kt"]) + r(z["BNk"] * z["dn"]) + 2 * r(2 * z["BMk"] * z["kt"]) +
-               2 * r(2 * z["BMp"] * z["pa"]) + 2 * r(4 * z["BMp"] * z["s"]) + r(4 * z["BNp"] * z["dk"]) +
-               r(4 * z["BNp"] * z["o"]) + r(4 * z["Dn"] * z["s"]) + r(4 * z["Dvn"] * z["s"]) +
-               r(4 * BN * z["Dn"]) + r(4 * BM * z["Dn"]) + r(4 * BM * z["Dvn"]))
+    hilo = K == 32  # at amx the products with P and dS on tiles (hi + lo); with vdpbf16ps all in f32
+    scratch = (r(z["Dk"] * z["kt"]) + r(z["Dvk"] * z["kt"]) + 2 * r(4 * z["BMp"] * z["s"]) + r(4 * z["BNp"] * z["dk"]) +
+               r(4 * z["BNp"] * z["o"]) + r(4 * BN * z["Dn"]) + r(4 * BM * z["Dn"]) + r(4 * BM * z["Dvn"]))
+    q_block = 2 * (z["BMp"] * (z["Dk"] + 32) + z["BMp"] * (z["Dvk"] + 32))
+    if hilo:
+        scratch += (r(z["BNk"] * z["dn"]) + 2 * r(2 * z["BMk"] * z["kt"]) + 2 * r(2 * z["BMp"] * z["pa"]) +
+                    r(4 * z["Dn"] * z["s"]) + r(4 * z["Dvn"] * z["s"]))
+        q_block += 2 * (z["Dn"] * z["t"] + z["Dvn"] * z["t"])
     rows = B * Hq * Sq
-    q_block = 2 * (z["BMp"] * (z["Dk"] + 32) + z["Dn"] * z["t"] + z["BMp"] * (z["Dvk"] + 32) + z["Dvn"] * z["t"])
     bwd = (64 + TG * scratch + 2 * r(4 * rows) + r(8 * B * Hq * cd(Sq, BM)) + r(4 * rows * D) +
            r(B * Hq * cd(Sq, BM) * q_block) + part)
     return fwd, bwd

@@ -37,7 +37,8 @@
 // the keys it sees: the tiles took 0.95x / 0.94x the time of that (forward / backward) of causal bf16
 // at S = 4096, D = 128, 0.81x / 0.77x at S = 512 and 0.74x / 0.66x with a window of 256; f16 0.99x /
 // 0.96x at S = 4096, 0.83x / 0.92x at S = 512 (BENCHMARKS.md). The backward's query blocks of a few
-// rows (BMicro::kF32Rows) still do, since their bf16 forms of P and dS would be mostly padding.
+// rows (BMicro::kF32Rows) still do, since their bf16 forms of P and dS would be mostly padding; with
+// vdpbf16ps every query block does (kHiLoBackward: dot_bf16_micro.h says why).
 //
 // BMicro provides: isa, tiles(), kK (the k granule: operands are zero-padded to it), kF32Rows (the
 // backward's query blocks of at most this many rows take their products with P and dS in f32),
@@ -83,6 +84,10 @@ struct MathBf16 {
   // Ph with B_lo = Pl (the microkernels' b_lo) and A = Y^T; for f16 the segments stacked along k, B =
   // [Ph ; Pl ; Ph] with A = [Yh^T | Yh^T | Yl^T]. kTSegs: k segments; kTParts: B's stored segments.
   static constexpr int64_t kTSegs = kExact ? 3 : 1, kTParts = kExact ? 3 : 2;
+  // Whether the backward takes some query blocks' products with P and dS on the microkernel (AMX:
+  // blocks of more than BMicro::kF32Rows rows); with vdpbf16ps it takes them all in f32, and neither
+  // packs nor keeps their bf16 operands (Q^T, dO^T, K as dQ's B side, P and dS, dK^T and dV^T).
+  static constexpr bool kHiLoBackward = BMicro::kF32Rows < INT64_MAX;
   using V = typename BMicro::V;       // 16-lane f32 vectors (V512, or its emulation)
   using Pack = typename BMicro::Pack; // the operand packing (avx512/pack_bf16.h, or its emulation)
   using F = MicroF32<V>;              // f32 helpers: probs, dscores, dot
@@ -128,7 +133,7 @@ struct MathBf16 {
     // packed Q, Q^T, dO and dO^T.
     int64_t kt_block() const { return dkx / 2 * kt_ld; }
     int64_t kv_block() const { return kt_block() + bnkx / 2 * dv_ld; }
-    int64_t q_block() const { return x_block(dkx) + dn * t_ld + x_block(dvkx) + dvn * t_ld; }
+    int64_t q_block() const { return x_block(dkx) + x_block(dvkx) + (kHiLoBackward ? (dn + dvn) * t_ld : 0); }
     // A query block as the A side of S or dP (pack_x_a): hi [BMp][a_ld(kx)], and for f16 its lo.
     int64_t x_block(int64_t kx) const { return bmp * a_ld(kx) * kXSegs; }
   };
@@ -552,9 +557,9 @@ struct MathBf16 {
     const bf16* base = reinterpret_cast<const bf16*>(job.shared) + (bh * job.q_blocks + ib) * z.q_block();
     QBlock q;
     q.qa = base;
-    q.qat = q.qa + z.x_block(z.dkx);
-    q.doa = q.qat + z.dn * z.t_ld;
-    q.doat = q.doa + z.x_block(z.dvkx);
+    q.doa = q.qa + z.x_block(z.dkx);
+    q.qat = kHiLoBackward ? q.doa + z.x_block(z.dvkx) : nullptr;
+    q.doat = kHiLoBackward ? q.qat + z.dn * z.t_ld : nullptr;
     return q;
   }
   // Packs query block `item` = (b, h, ib): Q and dO as A operands (k = d), and their transposes as A
@@ -569,7 +574,7 @@ struct MathBf16 {
     const T* dsrc = row_ptr<const T>(p.dout, r.b, r.head, r.first);
     pack_x_a(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qa), z.dk, z.bmp);
     pack_x_a(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.doa), z.dvk, z.bmp);
-    if (r.rows <= BMicro::kF32Rows) return;
+    if (!kHiLoBackward || r.rows <= BMicro::kF32Rows) return;
     pack_yt_a(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qat), z.bmk, z.dn);
     pack_yt_a(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.doat), z.bmk, z.dvn);
   }
@@ -584,25 +589,29 @@ struct MathBf16 {
   //   dkt [Dn][BNp], dvt [Dvn][BNp] f32                            f32 products and, transposed, of the
   //                                                                bf16 ones (added up in finish())
   //   kf [BN][Dn], qf [BM][Dn], dof [BM][Dvn] f32                  K, Q, dO of tiles with f32 products
+  // kb, pb, dsb, dsa, dsa_lo, dkt and dvt only where kHiLoBackward (null else).
   struct BackwardScratch {
     Dims z;
     bf16 *ktb, *vtb, *kb, *pb, *dsb, *dsa, *dsa_lo;
     float *s, *dp, *dk, *dv, *dkt, *dvt, *kf, *qf, *dof;
     BackwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) : z(p, t) {
       Carver c{base};
+      // the buffers of the products with P and dS on the microkernel: only where kHiLoBackward
+      auto hilo = [&](int64_t n) { return kHiLoBackward ? c.take<bf16>(n) : nullptr; };
+      auto hilo_floats = [&](int64_t n) { return kHiLoBackward ? c.floats(n) : nullptr; };
       ktb = c.take<bf16>(z.dkx / 2 * z.kt_ld);
       vtb = c.take<bf16>(z.dvkx / 2 * z.kt_ld);
-      kb = c.take<bf16>(z.bnkx / 2 * z.dn_ld);
-      pb = c.take<bf16>(kTParts * z.bmk / 2 * z.kt_ld);
-      dsb = c.take<bf16>(kTParts * z.bmk / 2 * z.kt_ld);
-      dsa = c.take<bf16>(z.bmp * z.pa_ld);
-      dsa_lo = kExact ? past(dsa, z.bnk) : c.take<bf16>(z.bmp * z.pa_ld);
+      kb = hilo(z.bnkx / 2 * z.dn_ld);
+      pb = hilo(kTParts * z.bmk / 2 * z.kt_ld);
+      dsb = hilo(kTParts * z.bmk / 2 * z.kt_ld);
+      dsa = hilo(z.bmp * z.pa_ld);
+      dsa_lo = kExact ? past(dsa, z.bnk) : hilo(z.bmp * z.pa_ld);
       s = c.floats(z.bmp * z.s_ld);
       dp = c.floats(z.bmp * z.s_ld);
       dk = c.floats(z.bnp * z.dk_ld);
       dv = c.floats(z.bnp * z.o_ld);
-      dkt = c.floats(z.dn * z.s_ld);
-      dvt = c.floats(z.dvn * z.s_ld);
+      dkt = hilo_floats(z.dn * z.s_ld);
+      dvt = hilo_floats(z.dvn * z.s_ld);
       kf = c.floats(copy_room(t.bn * z.dn, z.bnkx / 2 * z.dn_ld));
       qf = c.floats(copy_room(t.bm * z.dn, z.dn * z.t_ld));
       dof = c.floats(copy_room(t.bm * z.dvn, z.dvn * z.t_ld));
@@ -626,7 +635,7 @@ struct MathBf16 {
       need_ds_ = job_.need_dk || job_.need_dq;
       pack_y_bt(k, p_.k.ss, cols, p_.head_dim, s_.ktb, z.kt_ld, z.dk, z.bnp);
       if (need_ds_) pack_y_bt(v, p_.v.ss, cols, p_.head_dim_v, s_.vtb, z.kt_ld, z.dvk, z.bnp);
-      if (job_.need_dq) pack_y_b(k, p_.k.ss, cols, p_.head_dim, s_.kb, z.dn_ld, z.bnk, z.dn);
+      if (kHiLoBackward && job_.need_dq) pack_y_b(k, p_.k.ss, cols, p_.head_dim, s_.kb, z.dn_ld, z.bnk, z.dn);
       if (job_.need_dk) fill(s_.dk, cols * z.dk_ld, 0.0f);
       if (job_.need_dv) fill(s_.dv, cols * z.o_ld, 0.0f);
       transposed_ = false;

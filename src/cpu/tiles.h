@@ -26,7 +26,9 @@ constexpr Tiles choose_tiles(Isa isa, int64_t head_dim, int64_t head_dim_v, bool
   // avx512bf16's vdpbf16ps kernels (bf16 only; measured on Zen 5, side by side, B = 1, Hq = 16,
   // S = 4096): forward 64 x 128, backward 128 x 128, the longer k of the P V, dV, dK and dQ products
   // amortizing each C tile's loads: 0.97x / 0.97x the time of 64 x 64 / 128 x 64 at D = 128 (forward /
-  // backward), 0.93x / 0.96x at D = 64.
+  // backward), 0.93x / 0.96x at D = 64. With the backward's products with P and dS in f32 (Zen 4,
+  // dot_bf16_micro.h: kF32Rows), 128 x 128 still: 128 x 64 took 1.02 - 1.07x its time and 64 x 128
+  // 1.00 - 1.05x (B = 1, Hq = 16, S = 4096 and B = 8, S = 512 at D = 128; S = 512 and 197 at D = 64).
   if (isa == Isa::avx512bf16) return backward ? Tiles{128, 128} : Tiles{64, 128};
   // AMX forward 64 x 128 (measured on a Xeon with AMX, side by side, B = 1, Hq = 16, S = 4096): the
   // P V product's k doubles, so each accumulator tile of O is loaded and stored once per 128 keys:
