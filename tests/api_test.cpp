@@ -123,6 +123,32 @@ TEST_F(Api, CallerWorkspaceGivesTheSameBits) {
   }
 }
 
+// A workspace of 2 MiB or more that the library allocates itself is a mapping of its own, with huge
+// pages asked for (api/c_api.cpp: OwnedWorkspace), rather than the heap's: the same bits as a caller's
+// workspace, in each dtype (each packs, converts or copies operands into it).
+TEST_F(Api, LargeLibraryWorkspaceGivesTheSameBits) {
+  for (fb_dtype dtype : {FB_F32, FB_BF16, FB_F16}) {
+    Case c;
+    c.shape = {2, 4, 2, 700, 700, 96, 96};
+    c.dtype = dtype;
+    c.layout(fbtest::Layout::bshd); // rows apart: f32 copies Q and dO into the workspace too
+    SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
+    const fbtest::Inputs in = inputs_for(c);
+    Outputs out = fbtest::make_outputs(c);
+    const fb_params p = c.params();
+    const fb_tensor dout = in.dout.raw(), q = in.q.raw(), k = in.k.raw(), v = in.v.raw(), o = out.o.raw(),
+                    lse = out.lse.raw(), dq = out.dq.raw(), dk = out.dk.raw(), dv = out.dv.raw(),
+                    delta = out.delta.raw();
+    size_t forward = 0, backward = 0;
+    ASSERT_EQ(fb_forward_workspace_size(&q, &k, &v, &o, &lse, &p, &forward), FB_SUCCESS) << fb_last_error();
+    ASSERT_EQ(fb_backward_workspace_size(&dout, &q, &k, &v, &o, &lse, &dq, &dk, &dv, &delta, &p, &backward),
+              FB_SUCCESS)
+        << fb_last_error();
+    ASSERT_GE(backward, size_t{2} << 20) << "a backward workspace of a size the library takes from the heap";
+    expect_same_bits(run(c, in), run(c, in, WorkspaceMode::exact));
+  }
+}
+
 // Tensors need no alignment beyond their element's: rows 1 or 4 elements past a cache line (numpy's and
 // malloc's 16-byte alignment) give the same bits as rows on cache lines (the test buffers start on
 // one, like a framework's tensors). Shapes of several blocks, remainders, grouped heads, masked and
