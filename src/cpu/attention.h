@@ -22,7 +22,8 @@
 // key blocks before its own are done, or its own and already added), so this cannot deadlock.
 //
 // A Math policy provides: T (storage type), tiles(), *_scratch_bytes() (per thread), *_shared_bytes()
-// and *_prepare() (operands packed once per call, e.g. bf16 tiles; may be empty), dot(), store_row()
+// and *_prepare() (operands packed once per call, e.g. bf16 tiles; may be empty), forward_per_tile()
+// (whether the forward reads K and V as rows per tile, rather than copies made once), dot(), store_row()
 // (an f32 row rounded to T), and the classes Forward {begin, add, finish (into T or f32 rows)} and
 // Backward {begin, add, add_dq, finish}, where add may instead come in three phases (Forward
 // {add_scores, add_softmax, add_values}, Backward {add_scores, add_probs, add_grads}: math_bf16.h),
@@ -69,24 +70,87 @@ inline void block_range(int64_t first, int64_t last, int64_t size, int64_t* bloc
 // ---------------------------------------------------------------------------------------------------
 // Forward
 
+// A forward work item: the query blocks [first_x, first_x + blocks) of kv head (b, hk)'s run of query
+// blocks, x = (h - first head) * q_blocks + ib, and the part of their keys (splits = 1: all of them).
+// The query blocks of a kv head's group of query heads, in a row: an item takes q_group of them in a
+// row, so that it shares the keys and values between query blocks of a head (long sequences) or
+// between the heads of a group (short ones, as in decoding). Items take the runs from the last down:
+// under a causal mask the last query blocks of a head see the most keys, so the dynamic schedule
+// starts with the longest ones.
+struct ForwardItem {
+  int64_t b, hk, first_x, blocks, part;
+};
+inline int64_t forward_runs(const ForwardJob& job) {
+  return (job.p->group() * job.q_blocks + job.q_group - 1) / job.q_group;
+}
+inline ForwardItem forward_item_at(const ForwardJob& job, int64_t item) {
+  const core::Problem& p = *job.p;
+  const int64_t runs = forward_runs(job), run = item / job.splits;
+  const int64_t bhk = run / runs, first_x = (runs - 1 - run % runs) * job.q_group;
+  return {bhk / p.heads_kv, bhk % p.heads_kv, first_x, min64(job.q_group, p.group() * job.q_blocks - first_x),
+          item % job.splits};
+}
+// Query block g of an item: its head, first row and rows, and the key blocks of its part that its rows
+// see, [jfirst, jlast] (none: jfirst > jlast).
+struct ForwardBlock {
+  int64_t h, i0, rows, jfirst, jlast;
+};
+inline ForwardBlock forward_block(const ForwardJob& job, const ForwardItem& it, int64_t g) {
+  const core::Problem& p = *job.p;
+  const Tiles t = job.tiles;
+  const int64_t x = it.first_x + g;
+  ForwardBlock k;
+  k.h = it.hk * p.group() + x / job.q_blocks;
+  k.i0 = x % job.q_blocks * t.bm;
+  k.rows = min64(p.seqlen_q, k.i0 + t.bm) - k.i0;
+  int64_t kfirst, klast;
+  p.band.keys_of_rows(k.i0, k.i0 + k.rows, p.seqlen_k, &kfirst, &klast);
+  block_range(kfirst, klast, t.bn, &k.jfirst, &k.jlast);
+  if (job.splits > 1) { // this part's share of the key blocks: [first + part n / s, first + (part + 1) n / s)
+    const int64_t n = k.jlast - k.jfirst + 1;
+    if (n > 0) {
+      k.jlast = k.jfirst + (it.part + 1) * n / job.splits - 1;
+      k.jfirst += it.part * n / job.splits;
+    }
+  }
+  return k;
+}
+
+// The rows of Q, K and V that forward item `item` reads first, in the lines of `ahead` (all or none:
+// Prefetch::kMaxBytes): its query blocks' rows of the first block's head, and the rows of the keys its
+// blocks see, which the tile math reads per tile where each key block serves few query blocks
+// (Math::forward_per_tile: short sequences, decoding). Else nothing: the tile math reads packed or
+// converted copies there, and each key block serves many items.
+template <class Math>
+void fetch_item_rows(const ForwardJob& job, int64_t item, Prefetch& ahead) {
+  using T = typename Math::T;
+  const core::Problem& p = *job.p;
+  if (!Math::forward_per_tile(p, job.tiles)) return;
+  const ForwardItem it = forward_item_at(job, item);
+  const ForwardBlock first = forward_block(job, it, 0);
+  int64_t rows = 0, jmin = job.kv_blocks, jmax = -1;
+  for (int64_t g = 0; g < it.blocks; ++g) {
+    const ForwardBlock k = forward_block(job, it, g);
+    if (k.h == first.h) rows = k.i0 + k.rows - first.i0;
+    if (k.jfirst > k.jlast) continue;
+    jmin = min64(jmin, k.jfirst);
+    jmax = jmax > k.jlast ? jmax : k.jlast;
+  }
+  const int64_t j0 = jmin * job.tiles.bn, keys = jmax < jmin ? 0 : min64(p.seqlen_k, (jmax + 1) * job.tiles.bn) - j0;
+  ahead.share_of({Prefetch::rows_of(row_ptr<const T>(p.q, it.b, first.h, first.i0), p.q.ss, rows, p.head_dim),
+                  Prefetch::rows_of(row_ptr<const T>(p.k, it.b, it.hk, j0), p.k.ss, keys, p.head_dim),
+                  Prefetch::rows_of(row_ptr<const T>(p.v, it.b, it.hk, j0), p.v.ss, keys, p.head_dim_v)},
+                 0, 1);
+}
+
 template <class Math>
 void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
   using T = typename Math::T;
   using Forward = typename Math::Forward;
   const core::Problem& p = *job.p;
   const Tiles t = job.tiles;
-  // The query blocks of a kv head's group of query heads, in a row: x = (h - first head) * q_blocks + ib.
-  // An item takes q_group of them in a row, so that it shares the keys and values between query
-  // blocks of a head (long sequences) or between the heads of a group (short ones, as in decoding).
-  // Items take the runs from the last down: under a causal mask the last query blocks of a head see
-  // the most keys, so the dynamic schedule starts with the longest ones.
-  const int64_t per_kv_head = p.group() * job.q_blocks;
-  const int64_t runs = (per_kv_head + job.q_group - 1) / job.q_group;
-  const int64_t part = item % job.splits; // the part of each block's keys (splits = 1: all of them)
-  item /= job.splits;
-  const int64_t bhk = item / runs, first_x = (runs - 1 - item % runs) * job.q_group;
-  const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
-  const int64_t blocks = min64(job.q_group, per_kv_head - first_x);
+  const ForwardItem it = forward_item_at(job, item);
+  const int64_t b = it.b, hk = it.hk, blocks = it.blocks, part = it.part;
 
   // Each query block g has its scratch, its head h[g], its first row i0[g] and its key blocks
   // [jfirst[g], jlast[g]]; key block jb is added to every query block that sees it, one after the
@@ -108,20 +172,12 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
     }
   };
   for (int64_t g = 0; g < blocks; ++g) {
-    const int64_t x = first_x + g;
-    h[g] = hk * p.group() + x / job.q_blocks;
-    i0[g] = x % job.q_blocks * t.bm;
-    const int64_t rows = min64(p.seqlen_q, i0[g] + t.bm) - i0[g];
-    int64_t kfirst, klast;
-    p.band.keys_of_rows(i0[g], i0[g] + rows, p.seqlen_k, &kfirst, &klast);
-    block_range(kfirst, klast, t.bn, &jfirst[g], &jlast[g]);
-    if (job.splits > 1) { // this part's share of the key blocks: [first + part n / s, first + (part + 1) n / s)
-      const int64_t n = jlast[g] - jfirst[g] + 1;
-      if (n > 0) {
-        jlast[g] = jfirst[g] + (part + 1) * n / job.splits - 1;
-        jfirst[g] += part * n / job.splits;
-      }
-    }
+    const ForwardBlock k = forward_block(job, it, g);
+    h[g] = k.h;
+    i0[g] = k.i0;
+    jfirst[g] = k.jfirst;
+    jlast[g] = k.jlast;
+    const int64_t rows = k.rows;
     if (jfirst[g] > jlast[g]) { // no row of the block sees a key (of this part)
       finish(g, [&](auto* o, int64_t ldo, float* lse) {
         using U = std::remove_pointer_t<decltype(o)>;
@@ -136,6 +192,20 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
     jmin = min64(jmin, jfirst[g]);
     jmax = jmax > jlast[g] ? jmax : jlast[g];
   }
+  // The item this thread likely takes next (items are claimed in increasing order, and where they are
+  // short they take about the same time: item + threads) is fetched into L2 during this one, a share
+  // before each tile's last products (add, or add_values where the tile math has phases): its first
+  // reads otherwise wait on memory. Measured on Zen 4 (in-process A/B, Hq = 16, D = 64, inputs larger
+  // than the caches): f32 0.89x the forward's time at S = 64, 0.95x at 128, 0.99x at 197 and 256;
+  // bf16 0.92x, 0.96x, 0.98x, 1.00x (BENCHMARKS.md).
+  Prefetch ahead;
+  if (item + job.threads < job.items) fetch_item_rows<Math>(job, item + job.threads, ahead);
+  int64_t tiles_left = 0;
+  for (int64_t g = 0; g < blocks; ++g) tiles_left += jfirst[g] <= jlast[g] ? jlast[g] - jfirst[g] + 1 : 0;
+  auto step_ahead = [&] {
+    ahead.step(ahead.quota(tiles_left));
+    if (tiles_left > 1) --tiles_left;
+  };
   for (int64_t jb = jmin; jb <= jmax; ++jb) {
     const int64_t j0 = jb * t.bn, cols = min64(p.seqlen_k, j0 + t.bn) - j0;
     // The next key block is brought into cache while this one's tiles run: each query block that sees
@@ -170,11 +240,17 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
         if (sees[g]) f[g].add_scores(b, hk, j0, width[g]);
       for (int64_t g = 0; g < blocks; ++g)
         if (sees[g]) f[g].add_softmax(width[g], mask[g]);
-      for (int64_t g = 0; g < blocks; ++g)
-        if (sees[g]) f[g].add_values(b, hk, j0, width[g], mask[g], jb == jfirst[g]);
+      for (int64_t g = 0; g < blocks; ++g) {
+        if (!sees[g]) continue;
+        step_ahead();
+        f[g].add_values(b, hk, j0, width[g], mask[g], jb == jfirst[g]);
+      }
     } else {
-      for (int64_t g = 0; g < blocks; ++g)
-        if (sees[g]) f[g].add(b, hk, j0, cols, mask[g], jb == jfirst[g]);
+      for (int64_t g = 0; g < blocks; ++g) {
+        if (!sees[g]) continue;
+        step_ahead();
+        f[g].add(b, hk, j0, cols, mask[g], jb == jfirst[g]);
+      }
     }
   }
   for (int64_t g = 0; g < blocks; ++g) {
@@ -280,24 +356,47 @@ void add_dq_sum(Backward* w, int64_t n, float* dq, int64_t ld) {
   }
 }
 
+// A backward work item: the key blocks [first_jb, first_jb + blocks) of kv head (b, hk), and the part
+// of their (query head, query block) pairs (splits = 1: all of them). Items = (group of key blocks, kv
+// head), the kv heads of a group in a row: the items of one kv head, which wait for each other's dQ
+// turns, are B Hk apart, so the threads run different heads at once rather than the next item of a
+// head, which would wait for the one before it to reach its query blocks each time it starts (up to a
+// tenth of a causal backward, whose items get shorter). The first groups (under a causal mask the
+// longest) still come first. With split queries, the parts of a key block are consecutive items: an
+// item still waits only for lower key blocks.
+struct BackwardItem {
+  int64_t b, hk, first_jb, blocks, part;
+};
+inline BackwardItem backward_item_at(const BackwardJob& job, int64_t item) {
+  const core::Problem& p = *job.p;
+  const int64_t heads = p.batch * p.heads_kv, group = item / job.splits;
+  const int64_t bhk = group % heads, first_jb = group / heads * job.k_group;
+  return {bhk / p.heads_kv, bhk % p.heads_kv, first_jb, min64(job.k_group, job.kv_blocks - first_jb),
+          item % job.splits};
+}
+
+// The rows of K and V of backward item `item`'s key blocks, in the lines of `ahead` (all or none:
+// Prefetch::kMaxBytes): every tile math reads them first, as it packs its key blocks (Backward::begin).
+template <class Math>
+void fetch_key_rows(const BackwardJob& job, int64_t item, Prefetch& ahead) {
+  using T = typename Math::T;
+  const core::Problem& p = *job.p;
+  const BackwardItem it = backward_item_at(job, item);
+  const int64_t j0 = it.first_jb * job.tiles.bn, keys = min64(p.seqlen_k, j0 + it.blocks * job.tiles.bn) - j0;
+  ahead.share_of({Prefetch::rows_of(row_ptr<const T>(p.k, it.b, it.hk, j0), p.k.ss, keys, p.head_dim),
+                  Prefetch::rows_of(row_ptr<const T>(p.v, it.b, it.hk, j0), p.v.ss, keys, p.head_dim_v),
+                  Prefetch::Region()},
+                 0, 1);
+}
+
 template <class Math>
 void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
   using T = typename Math::T;
   using Backward = typename Math::Backward;
   const core::Problem& p = *job.p;
   const Tiles t = job.tiles;
-  // Item = (group of key blocks, kv head), the kv heads of a group in a row: the items of one kv head,
-  // which wait for each other's dQ turns, are B Hk apart, so the threads run different heads at once
-  // rather than the next item of a head, which would wait for the one before it to reach its query
-  // blocks each time it starts (up to a tenth of a causal backward, whose items get shorter). The
-  // first groups (under a causal mask the longest) still come first. With split queries, the parts
-  // of a key block are consecutive items: an item still waits only for lower key blocks.
-  const int64_t heads = p.batch * p.heads_kv;
-  const int64_t part = item % job.splits; // the part of the key block's query blocks (splits = 1: all)
-  item /= job.splits;
-  const int64_t bhk = item % heads, first_jb = item / heads * job.k_group;
-  const int64_t b = bhk / p.heads_kv, hk = bhk % p.heads_kv;
-  const int64_t blocks = min64(job.k_group, job.kv_blocks - first_jb);
+  const BackwardItem it = backward_item_at(job, item);
+  const int64_t b = it.b, hk = it.hk, first_jb = it.first_jb, blocks = it.blocks, part = it.part;
 
   // Each key block g has its scratch and its query blocks [ifirst[g], ilast[g]]; query block ib is
   // given to every key block that it sees, in increasing key-block order, while its rows are in cache.
@@ -316,6 +415,12 @@ void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
       imax = imax > ilast[g] ? imax : ilast[g];
     }
   }
+  // The item this thread likely takes next (item + threads, as in the forward) is fetched into L2
+  // during this one, a share after each query block: its K and V rows, which it reads first (its Q and
+  // dO are the tile math's copies or rows). Measured on Zen 4 as the forward: f32 0.93x the backward's
+  // time at S = 64, 0.97x at 128, 0.98x at 197 and 256; bf16 0.975 - 0.99x (BENCHMARKS.md).
+  Prefetch ahead;
+  if (item + job.threads < job.items) fetch_key_rows<Math>(job, item + job.threads, ahead);
   // The pairs (query head, query block) in order, x = (h - first head) * span + (ib - imin); this
   // part's share: [part n / s, (part + 1) n / s) (split queries have one key block per item).
   const int64_t span = imax - imin + 1, pairs = imin <= imax ? p.group() * span : 0;
@@ -373,6 +478,7 @@ void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
       }
       pass_turn(next, first_jb + gs + n - 1);
     }
+    ahead.step(ahead.quota(x_end - x));
   }
   // The key blocks' dK and dV rows: the caller's, or (split) this part's f32 partial rows.
   for (int64_t g = 0; g < blocks; ++g) {

@@ -293,6 +293,8 @@ void forward(const core::Problem& problem, void* workspace) {
   job.partial_ld = l.partial_ld;
   const int64_t items = forward_items(p, l.tiles, l.group) * l.splits;
   if (items == 0) return;
+  job.items = items;
+  job.threads = l.threads;
   char* scratch = align_ptr(workspace);
   job.shared = scratch + l.threads * l.scratch();
   job.partial = reinterpret_cast<float*>(job.shared + l.shared);
@@ -361,6 +363,8 @@ void backward(const core::Problem& p, void* workspace) {
   // Without dq, dk and dv (delta only, or nothing) phase 1 is all there is to do.
   const bool gradients = job.need_dq || job.need_dk || job.need_dv;
   const int64_t items = gradients ? backward_items(p, l.tiles, l.group) * l.splits : 0;
+  job.items = items;
+  job.threads = l.threads;
   const int64_t prepare_items = gradients ? ks.backward_prepare_items(job) : 0;
   std::atomic<int64_t> next_prepare{0}, next{0};
   run_team(l.threads, [&](int tid, int nt) {

@@ -107,9 +107,10 @@ T* row_ptr(const core::Strided4& t, int64_t b, int64_t h, int64_t s) {
 }
 
 // Cache lines fetched into L2 a few at a time during other work: the operands of a block that comes
-// next (the tile maths' upcoming()), so that its first use does not wait on memory. The lines [next,
-// end) of two regions, the first's before the second's, each `rows` rows of `row_lines` lines `ld`
-// bytes apart (a packed block: one row of all its lines; an empty region: no rows).
+// next (the tile maths' upcoming()), or of the work item that likely comes next (attention.h:
+// forward_item), so that their first use does not wait on memory. The lines [next, end) of up to three
+// regions, each one's before the next's, each `rows` rows of `row_lines` lines `ld` bytes apart (a
+// packed block: one row of all its lines; an empty region: no rows).
 struct Prefetch {
   struct Region {
     const char* at = nullptr;
@@ -124,7 +125,9 @@ struct Prefetch {
   }
   static Region packed(const void* at, int64_t bytes) { return {static_cast<const char*>(at), 1, bytes / 64, 0}; }
 
-  Region region[2];
+  static constexpr int kRegions = 3;
+  Region region[kRegions];
+  int64_t bound[kRegions] = {}; // the line after the last of each region: region[g] holds [bound[g - 1], bound[g])
   int64_t next = 0, end = 0;
   int64_t paced_lines = 0; // per paced() step (pace)
 
@@ -136,15 +139,16 @@ struct Prefetch {
   // rather than per line (bf16 decoding at D = 64 took 1.13 - 1.25x the time with one per line).
   template <class Fetch>
   void walk(int64_t lines, Fetch&& fetch) {
-    const int64_t split = region[0].lines(), stop = min64(end, next + lines);
+    const int64_t stop = min64(end, next + lines);
     while (next < stop) {
-      const bool first = next < split;
-      const Region& g = region[first ? 0 : 1];
-      const int64_t x = first ? next : next - split, last = first ? min64(stop, split) : stop;
-      int64_t row = x / g.row_lines, line = x % g.row_lines;
+      int g = 0; // the region that holds line `next`, from its first line
+      while (next >= bound[g]) ++g;
+      const Region& r = region[g];
+      const int64_t first = g > 0 ? bound[g - 1] : 0, last = min64(stop, bound[g]);
+      int64_t row = (next - first) / r.row_lines, line = (next - first) % r.row_lines;
       for (; next < last; ++next) {
-        fetch(g.at + row * g.ld + line * 64);
-        if (++line == g.row_lines) {
+        fetch(r.at + row * r.ld + line * 64);
+        if (++line == r.row_lines) {
           line = 0;
           ++row;
         }
@@ -165,9 +169,14 @@ struct Prefetch {
   // backward; f16 at D = 128, whose operands are split in two and three: 1.06x and 1.07x).
   static constexpr int64_t kMaxBytes = int64_t{192} << 10;
   void share_of(Region first, Region second, int64_t share, int64_t shares) {
-    region[0] = first;
-    region[1] = second;
-    const int64_t total = first.lines() + second.lines();
+    share_of({first, second, Region()}, share, shares);
+  }
+  void share_of(const Region (&regions)[kRegions], int64_t share, int64_t shares) {
+    int64_t total = 0;
+    for (int g = 0; g < kRegions; ++g) {
+      region[g] = regions[g];
+      bound[g] = total += regions[g].lines();
+    }
     const bool fits = total * 64 <= kMaxBytes;
     next = fits ? share * total / shares : 0;
     end = fits ? (share + 1) * total / shares : 0;

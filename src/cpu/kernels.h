@@ -35,6 +35,7 @@ struct ForwardJob {
   // scratch is q_group blocks of block_scratch bytes, one per query block.
   int64_t q_group = 1;
   size_t block_scratch = 0;
+  int64_t items = 0, threads = 1;      // the work items (claimed in increasing order) and the threads
   char* shared = nullptr;              // forward_shared_bytes, 64-byte aligned: operands packed once
   // Split keys: each query block's visible key blocks in `splits` parts (1: not split). Part k of a
   // block writes its normalized f32 rows [partial_rows][partial_ld] and their LSEs [partial_rows]
@@ -60,6 +61,7 @@ struct BackwardJob {
   // scratch is k_group blocks of block_scratch bytes, one per key block.
   int64_t k_group = 1;
   size_t block_scratch = 0;
+  int64_t items = 0, threads = 1; // the work items (claimed in increasing order) and the threads
   bool need_dq = false, need_dk = false, need_dv = false;
   float* delta = nullptr;    // [B * Hq * Sq] rowsum(dout * o), contiguous
   float* lse2 = nullptr;     // [B * Hq * Sq] lse * log2(e), contiguous

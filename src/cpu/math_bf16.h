@@ -226,16 +226,17 @@ struct MathBf16 {
   // (Hq = 32, Hk = 8, Sk = 8192, D = 128) took 1.3x the time of the f32 kernels on converted K and V,
   // and 5x when the library allocated the workspace in the call. There each work item packs its key
   // blocks itself, into its first block's scratch, which the item's query blocks share
-  // (share_converted): the same packed values, the same bits.
-  static bool packs_per_tile(const core::Problem& p, Tiles t) { return few_query_blocks(p, t); }
+  // (share_converted): the same packed values, the same bits. attention.h then fetches the rows of the
+  // next work item's Q, K and V during each item (fetch_item_rows).
+  static bool forward_per_tile(const core::Problem& p, Tiles t) { return few_query_blocks(p, t); }
 
   static size_t forward_shared_bytes(const core::Problem& p, Tiles t) {
-    if (packs_per_tile(p, t)) return 0;
+    if (forward_per_tile(p, t)) return 0;
     return static_cast<size_t>(p.batch * p.heads_kv * round_up(p.seqlen_k, t.bn) / t.bn * Dims(p, t).kv_block()) *
            sizeof(bf16);
   }
   static int64_t forward_prepare_items(const ForwardJob& job) {
-    return packs_per_tile(*job.p, job.tiles) ? 0 : job.p->batch * job.p->heads_kv * job.kv_blocks;
+    return forward_per_tile(*job.p, job.tiles) ? 0 : job.p->batch * job.p->heads_kv * job.kv_blocks;
   }
   static bf16* kv_block(const ForwardJob& job, const Dims& z, int64_t b, int64_t hk, int64_t jb) {
     return reinterpret_cast<bf16*>(job.shared) + ((b * job.p->heads_kv + hk) * job.kv_blocks + jb) * z.kv_block();
@@ -258,7 +259,7 @@ struct MathBf16 {
   // Per-thread scratch of the forward: qa x_block(Dkx) bf16, s [BMp][BNp] f32, pa [BMp][BNkx] and for
   // bf16 pa_lo [BMp][BNk] (P as hi + lo; for f16 pa_lo = pa + BNk), oacc [BMp][Dvn] f32, m, l, alpha
   // [BMp] f32, vz: a packed V block (V without its NaNs and infinities for a masked tile, finite_copy),
-  // and only where K and V are packed per tile (packs_per_tile), kv: kv_block() bf16.
+  // and only where K and V are packed per tile (forward_per_tile), kv: kv_block() bf16.
   struct ForwardScratch {
     Dims z;
     bf16 *qa, *pa, *pa_lo, *vz, *kv;
@@ -274,7 +275,7 @@ struct MathBf16 {
       l = c.floats(z.bmp);
       alpha = c.floats(z.bmp);
       vz = c.take<bf16>(z.bnkx / 2 * z.dv_ld);
-      kv = packs_per_tile(p, t) ? c.take<bf16>(z.kv_block()) : nullptr;
+      kv = forward_per_tile(p, t) ? c.take<bf16>(z.kv_block()) : nullptr;
       if (bytes) *bytes = c.used;
     }
   };
@@ -336,7 +337,7 @@ struct MathBf16 {
     // Share `share` of `shares` of the packed K^T and V of a key block that comes next (attention.h),
     // fetched into L2 during this worker's next softmax, but where they are large (Prefetch::kMaxBytes).
     // The first query block of an item to use a key block otherwise waits on memory for it. Where each
-    // work item packs its key blocks (packs_per_tile: decoding), the rows of K and V it packs them from,
+    // work item packs its key blocks (forward_per_tile: decoding), the rows of K and V it packs them from,
     // as the f32 tile math fetches them, in paced steps through the products where the microkernel
     // takes them (math_f32.h: Forward::upcoming; product() below).
     void upcoming(int64_t b, int64_t hk, int64_t j0, int64_t share, int64_t shares) {
@@ -352,7 +353,7 @@ struct MathBf16 {
       prefetch_.share_of(Prefetch::packed(kv_block(job_, z, b, hk, j0 / job_.tiles.bn), bytes), {}, share, shares);
     }
 
-    // The query blocks of a work item share one kv head: K and V packed per tile (packs_per_tile) are
+    // The query blocks of a work item share one kv head: K and V packed per tile (forward_per_tile) are
     // packed once per key block, into `owner`'s scratch, and read there by every block of the item.
     void share_converted(Forward& owner) { kv_owner_ = &owner; }
 
@@ -384,7 +385,7 @@ struct MathBf16 {
     }
 
     // The packed K^T of key block j0 (V follows it): packed here where each work item packs its key
-    // blocks (packs_per_tile), once for the item's query blocks, else the call's shared copy.
+    // blocks (forward_per_tile), once for the item's query blocks, else the call's shared copy.
     const bf16* key_block(int64_t b, int64_t hk, int64_t j0) {
       if (!s_.kv) return kv_block(job_, s_.z, b, hk, j0 / job_.tiles.bn);
       Forward& owner = *kv_owner_;

@@ -83,7 +83,8 @@ struct MathF32 {
   // from memory once: the work item fetches the rows of its next key block into L2 while it works on
   // one (Forward::upcoming), and converts them per tile, into its scratch (half precision reads half
   // the bytes that writing and reading an f32 copy moves), or reads f32 rows in place, copying only
-  // those that lie apart (copies_kv). All give the same f32 values.
+  // those that lie apart (copies_kv). All give the same f32 values. attention.h also fetches the rows
+  // of the next work item's Q, K and V during each item there (fetch_item_rows).
   static bool forward_per_tile(const core::Problem& p, Tiles t) { return few_query_blocks(p, t); }
   static bool forward_converts_per_tile(const core::Problem& p, Tiles t) {
     return copies_kv(p) && forward_per_tile(p, t);
