@@ -195,9 +195,9 @@ void forward_item(const ForwardJob& job, int64_t item, char* scratch) {
   // The item this thread likely takes next (items are claimed in increasing order, and where they are
   // short they take about the same time: item + threads) is fetched into L2 during this one, a share
   // before each tile's last products (add, or add_values where the tile math has phases): its first
-  // reads otherwise wait on memory. Measured on Zen 4 (in-process A/B, Hq = 16, D = 64, inputs larger
-  // than the caches): f32 0.89x the forward's time at S = 64, 0.95x at 128, 0.99x at 197 and 256;
-  // bf16 0.92x, 0.96x, 0.98x, 1.00x (BENCHMARKS.md).
+  // reads otherwise wait on memory. Measured on Zen 4 (bench/ab.cpp, Hq = 16, D = 64, inputs larger
+  // than the caches): f32 0.88x the forward's time at S = 64, 0.97x at 128 and 197, 0.99x at 256;
+  // bf16 0.92x, 0.97x, 0.98x, 0.99x (BENCHMARKS.md).
   Prefetch ahead;
   if (item + job.threads < job.items) fetch_item_rows<Math>(job, item + job.threads, ahead);
   int64_t tiles_left = 0;
@@ -417,8 +417,8 @@ void backward_item(const BackwardJob& job, int64_t item, char* scratch) {
   }
   // The item this thread likely takes next (item + threads, as in the forward) is fetched into L2
   // during this one, a share after each query block: its K and V rows, which it reads first (its Q and
-  // dO are the tile math's copies or rows). Measured on Zen 4 as the forward: f32 0.93x the backward's
-  // time at S = 64, 0.97x at 128, 0.98x at 197 and 256; bf16 0.975 - 0.99x (BENCHMARKS.md).
+  // dO are the tile math's copies or rows). Measured on Zen 4 as the forward: f32 0.95x the backward's
+  // time at S = 64, 0.96x at 128, 0.97x at 197 and 256; bf16 0.98 - 1.02x (BENCHMARKS.md).
   Prefetch ahead;
   if (item + job.threads < job.items) fetch_key_rows<Math>(job, item + job.threads, ahead);
   // The pairs (query head, query block) in order, x = (h - first head) * span + (ib - imin); this
