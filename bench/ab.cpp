@@ -114,7 +114,8 @@ int main(int argc, char** argv) {
   app.add_option("--pass", pass, "The pass to time")->check(CLI::IsMember({"forward", "backward"}));
   app.add_flag("--causal", causal, "Bottom-right causal mask");
   app.add_option("--rounds", rounds, "Rounds, each one call series of A and one of B")->check(CLI::Range(2, 100000));
-  app.add_option("--inner", inner, "Calls per timed series (median of rounds of their mean)")->check(CLI::Range(1, 100000));
+  app.add_option("--inner", inner, "Calls per timed series (median of rounds of their mean)")
+      ->check(CLI::Range(1, 100000));
   CLI11_PARSE(app, argc, argv);
   if (kv_heads == 0) kv_heads = heads;
   if (seqlen_q == 0) seqlen_q = seqlen;
@@ -149,9 +150,9 @@ int main(int argc, char** argv) {
     Buffer workspace(bytes);
     void* ws = workspace.data;
     auto call = [&](const Library& l) {
-      const fb_status st = pass == "forward"
-                               ? l.forward(&tq, &tk, &tv, &to, &tl, &params, ws, bytes)
-                               : l.backward(&td, &tq, &tk, &tv, &to, &tl, &tdq, &tdk, &tdv, nullptr, &params, ws, bytes);
+      const fb_status st =
+          pass == "forward" ? l.forward(&tq, &tk, &tv, &to, &tl, &params, ws, bytes)
+                            : l.backward(&td, &tq, &tk, &tv, &to, &tl, &tdq, &tdk, &tdv, nullptr, &params, ws, bytes);
       if (st != FB_SUCCESS) throw std::runtime_error(l.last_error());
     };
     call(a);  // O and LSE for the backward; a warm-up of each
@@ -171,8 +172,8 @@ int main(int argc, char** argv) {
     }
     std::sort(ratio.begin(), ratio.end());
     const size_t n = ratio.size();
-    std::printf("%s %s, B = %lld, Hq = %lld, Hk = %lld, Sq = %lld, Sk = %lld, D = %lld%s: A best %.3f ms, B best %.3f ms, "
-                "B / A median %.3f (quartiles %.3f - %.3f, %zu rounds)\n",
+    std::printf("%s %s, B = %lld, Hq = %lld, Hk = %lld, Sq = %lld, Sk = %lld, D = %lld%s: "
+                "A best %.3f ms, B best %.3f ms, B / A median %.3f (quartiles %.3f - %.3f, %zu rounds)\n",
                 dtype_name.c_str(), pass.c_str(), static_cast<long long>(batch), static_cast<long long>(heads),
                 static_cast<long long>(kv_heads), static_cast<long long>(seqlen_q), static_cast<long long>(seqlen_k),
                 static_cast<long long>(head_dim), causal ? ", causal" : "", best[0] * 1e3, best[1] * 1e3,

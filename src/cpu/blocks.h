@@ -108,9 +108,9 @@ T* row_ptr(const core::Strided4& t, int64_t b, int64_t h, int64_t s) {
 
 // Cache lines fetched into L2 a few at a time during other work: the operands of a block that comes
 // next (the tile maths' upcoming()), or of the work item that likely comes next (attention.h:
-// forward_item), so that their first use does not wait on memory. The lines [next, end) of up to three
-// regions, each one's before the next's, each `rows` rows of `row_lines` lines `ld` bytes apart (a
-// packed block: one row of all its lines; an empty region: no rows).
+// fetch_item_rows, fetch_key_rows), so that their first use does not wait on memory. The lines [next,
+// end) of up to three regions, each one's before the next's, each `rows` rows of `row_lines` lines
+// `ld` bytes apart (a packed block: one row of all its lines; an empty region: no rows).
 struct Prefetch {
   struct Region {
     const char* at = nullptr;

@@ -185,7 +185,7 @@ TEST(Prefetch, AForwardItemFetchesItsQueryRowsAndTheKeysTheySee) {
     const int64_t hk = pick(1, 2), hq = hk * pick(1, 3), sq = pick(1, 300), sk = pick(1, 300);
     const int64_t d = pick(1, 64), dv = pick(1, 64);
     const int kind = static_cast<int>(pick(0, 2)); // no mask, causal, a window
-    const int64_t left = kind == 0 ? -1 : kind == 1 ? -1 : pick(0, 100), right = kind == 0 ? -1 : kind == 1 ? 0 : pick(0, 50);
+    const int64_t left = kind == 2 ? pick(0, 100) : -1, right = kind == 0 ? -1 : kind == 1 ? 0 : pick(0, 50);
     Tensors x(pick(1, 2), hq, hk, sq, sk, d, dv, left, right);
     const core::Problem& p = x.p;
     flashback::cpu::ForwardJob job;
