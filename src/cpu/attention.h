@@ -116,15 +116,6 @@ inline ForwardBlock forward_block(const ForwardJob& job, const ForwardItem& it, 
   return k;
 }
 
-// Rows [r0, r0 + rows) of head h of batch b of t, `width` elements each, as a region of a fetch; none
-// without rows, where t may have no elements and no address to compute rows from (Sk = 0, and an
-// address near the top of the address space: found by fuzz_c_api, UBSan's pointer overflow).
-template <class T>
-Prefetch::Region head_rows(const core::Strided4& t, int64_t b, int64_t h, int64_t r0, int64_t rows, int64_t width) {
-  if (rows <= 0) return Prefetch::Region();
-  return Prefetch::rows_of(row_ptr<const T>(t, b, h, r0), t.ss, rows, width);
-}
-
 // The rows of Q, K and V that forward item `item` reads first, in the lines of `ahead` (all or none:
 // Prefetch::kMaxBytes): its query blocks' rows of the first block's head, and the rows of the keys its
 // blocks see, which the tile math reads per tile where each key block serves few query blocks
@@ -146,9 +137,9 @@ void fetch_item_rows(const ForwardJob& job, int64_t item, Prefetch& ahead) {
     jmax = jmax > k.jlast ? jmax : k.jlast;
   }
   const int64_t j0 = jmin * job.tiles.bn, keys = jmax < jmin ? 0 : min64(p.seqlen_k, (jmax + 1) * job.tiles.bn) - j0;
-  ahead.share_of({head_rows<T>(p.q, it.b, first.h, first.i0, rows, p.head_dim),
-                  head_rows<T>(p.k, it.b, it.hk, j0, keys, p.head_dim),
-                  head_rows<T>(p.v, it.b, it.hk, j0, keys, p.head_dim_v)},
+  ahead.share_of({Prefetch::head_rows<T>(p.q, it.b, first.h, first.i0, rows, p.head_dim),
+                  Prefetch::head_rows<T>(p.k, it.b, it.hk, j0, keys, p.head_dim),
+                  Prefetch::head_rows<T>(p.v, it.b, it.hk, j0, keys, p.head_dim_v)},
                  0, 1);
 }
 
@@ -392,8 +383,8 @@ void fetch_key_rows(const BackwardJob& job, int64_t item, Prefetch& ahead) {
   const core::Problem& p = *job.p;
   const BackwardItem it = backward_item_at(job, item);
   const int64_t j0 = it.first_jb * job.tiles.bn, keys = min64(p.seqlen_k, j0 + it.blocks * job.tiles.bn) - j0;
-  ahead.share_of({head_rows<T>(p.k, it.b, it.hk, j0, keys, p.head_dim),
-                  head_rows<T>(p.v, it.b, it.hk, j0, keys, p.head_dim_v), Prefetch::Region()},
+  ahead.share_of({Prefetch::head_rows<T>(p.k, it.b, it.hk, j0, keys, p.head_dim),
+                  Prefetch::head_rows<T>(p.v, it.b, it.hk, j0, keys, p.head_dim_v), Prefetch::Region()},
                  0, 1);
 }
 

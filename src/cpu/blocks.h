@@ -124,6 +124,14 @@ struct Prefetch {
     return {reinterpret_cast<const char*>(at), rows, (cols * size + 63) / 64, ld * size};
   }
   static Region packed(const void* at, int64_t bytes) { return {static_cast<const char*>(at), 1, bytes / 64, 0}; }
+  // Rows [r0, r0 + rows) of head h of batch b of t, `width` elements each; none without rows, where t
+  // may have no elements and no address to compute rows from (Sk = 0, and an address near the top of
+  // the address space: found by fuzz_c_api, UBSan's pointer overflow).
+  template <class T>
+  static Region head_rows(const core::Strided4& t, int64_t b, int64_t h, int64_t r0, int64_t rows, int64_t width) {
+    if (rows <= 0) return Region();
+    return rows_of(row_ptr<const T>(t, b, h, r0), t.ss, rows, width);
+  }
 
   static constexpr int kRegions = 3;
   Region region[kRegions];

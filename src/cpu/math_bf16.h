@@ -344,9 +344,8 @@ struct MathBf16 {
       const Dims& z = s_.z;
       if (s_.kv) {
         const int64_t keys = block_keys(j0);
-        prefetch_.share_of(Prefetch::rows_of(row_ptr<const T>(p_.k, b, hk, j0), p_.k.ss, keys, p_.head_dim),
-                           Prefetch::rows_of(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, keys, p_.head_dim_v), share,
-                           shares);
+        prefetch_.share_of(Prefetch::head_rows<T>(p_.k, b, hk, j0, keys, p_.head_dim),
+                           Prefetch::head_rows<T>(p_.v, b, hk, j0, keys, p_.head_dim_v), share, shares);
         return;
       }
       const int64_t bytes = z.kv_block() * static_cast<int64_t>(sizeof(bf16));

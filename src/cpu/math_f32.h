@@ -270,9 +270,8 @@ struct MathF32 {
     void upcoming(int64_t b, int64_t hk, int64_t j0, int64_t share, int64_t shares) {
       if (!per_tile_) return;
       const int64_t keys = min64(p_.seqlen_k, j0 + t_.bn) - j0;
-      prefetch_.share_of(Prefetch::rows_of(row_ptr<const T>(p_.k, b, hk, j0), p_.k.ss, keys, p_.head_dim),
-                         Prefetch::rows_of(row_ptr<const T>(p_.v, b, hk, j0), p_.v.ss, keys, p_.head_dim_v), share,
-                         shares);
+      prefetch_.share_of(Prefetch::head_rows<T>(p_.k, b, hk, j0, keys, p_.head_dim),
+                         Prefetch::head_rows<T>(p_.v, b, hk, j0, keys, p_.head_dim_v), share, shares);
     }
 
     // The query blocks of a work item share one kv head: K and V converted per tile (half precision,
