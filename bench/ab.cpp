@@ -4,7 +4,8 @@
 // same memory, the same pages and the same moments of the machine. Separate processes, as
 // bench/interleave.py runs them, differ by a few percent on their own (where their buffers land); on
 // a noisy guest that hides changes of that size. Prints each build's best time and the median and
-// quartiles over rounds of B's time / A's in the same round.
+// quartiles over rounds of B's time / A's in the same round. `--workspace library` passes none: each
+// build allocates (or keeps) its own, as a caller who passes none sees it.
 //
 //   build/bench/flashback_ab old/libflashback.so.0 build/libflashback.so.0 --batch 64 --seqlen 128
 //     --head-dim 64 --pass forward   (one command line)
@@ -101,6 +102,7 @@ int main(int argc, char** argv) {
   int64_t batch = 1, heads = 16, kv_heads = 0, seqlen = 2048, seqlen_q = 0, seqlen_k = 0, head_dim = 128;
   int rounds = 20, inner = 1;
   bool causal = false;
+  std::string workspace_from = "caller";
   app.add_option("library_a", path_a, "The first build's shared library (the baseline)")->required();
   app.add_option("library_b", path_b, "The second build's shared library")->required();
   app.add_option("--batch", batch, "Batch size B")->check(CLI::PositiveNumber);
@@ -113,6 +115,10 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype_name, "Element type")->check(CLI::IsMember({"f32", "bf16", "f16"}));
   app.add_option("--pass", pass, "The pass to time")->check(CLI::IsMember({"forward", "backward"}));
   app.add_flag("--causal", causal, "Bottom-right causal mask");
+  app.add_option("--workspace", workspace_from,
+                 "caller: one workspace passed to every call; library: none passed (NULL), each build allocates or "
+                 "keeps its own")
+      ->check(CLI::IsMember({"caller", "library"}));
   app.add_option("--rounds", rounds, "Rounds, each one call series of A and one of B")->check(CLI::Range(2, 100000));
   app.add_option("--inner", inner, "Calls per timed series (median of rounds of their mean)")
       ->check(CLI::Range(1, 100000));
@@ -147,8 +153,9 @@ int main(int argc, char** argv) {
         throw std::runtime_error(l.last_error());
       bytes = std::max({bytes, f, b});
     }
+    if (workspace_from == "library") bytes = 0;
     Buffer workspace(bytes);
-    void* ws = workspace.data;
+    void* ws = bytes ? workspace.data : nullptr;
     auto call = [&](const Library& l) {
       const fb_status st =
           pass == "forward" ? l.forward(&tq, &tk, &tv, &to, &tl, &params, ws, bytes)
@@ -173,11 +180,12 @@ int main(int argc, char** argv) {
     std::sort(ratio.begin(), ratio.end());
     const size_t n = ratio.size();
     std::printf("%s %s, B = %lld, Hq = %lld, Hk = %lld, Sq = %lld, Sk = %lld, D = %lld%s: "
-                "A best %.3f ms, B best %.3f ms, B / A median %.3f (quartiles %.3f - %.3f, %zu rounds)\n",
+                "A best %.3f ms, B best %.3f ms, B / A median %.3f (quartiles %.3f - %.3f, %zu rounds)%s\n",
                 dtype_name.c_str(), pass.c_str(), static_cast<long long>(batch), static_cast<long long>(heads),
                 static_cast<long long>(kv_heads), static_cast<long long>(seqlen_q), static_cast<long long>(seqlen_k),
                 static_cast<long long>(head_dim), causal ? ", causal" : "", best[0] * 1e3, best[1] * 1e3,
-                ratio[n / 2], ratio[n / 4], ratio[(3 * n) / 4], n);
+                ratio[n / 2], ratio[n / 4], ratio[(3 * n) / 4], n,
+                bytes ? "" : ", the library's workspace");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "flashback_ab: %s\n", e.what());
     return 1;
