@@ -151,6 +151,73 @@ TEST_F(Api, LargeLibraryWorkspaceGivesTheSameBits) {
   }
 }
 
+// The library's workspace is kept for the next call that passes none (api/c_api.cpp: WorkspaceCache): the
+// largest one a call needed, whatever smaller calls come after, until it is released; none at all
+// under FLASHBACK_WORKSPACE_CACHE=0 (ctest runs this test a second time so: api.WorkspaceCache.off).
+TEST_F(Api, LibraryWorkspaceIsKeptForTheNextCall) {
+  const char* env = std::getenv("FLASHBACK_WORKSPACE_CACHE");
+  const bool off = env && std::string(env) == "0";
+  Case small = many_heads(), large = grouped_blocks();
+  large.dtype = FB_BF16; // packed copies of Q and dO: a backward workspace larger than the forward's
+  const fbtest::Inputs small_in = inputs_for(small), large_in = inputs_for(large);
+  Outputs small_out = fbtest::make_outputs(small), large_out = fbtest::make_outputs(large);
+  const fb_params p = large.params();
+  const fb_tensor dout = large_in.dout.raw(), q = large_in.q.raw(), k = large_in.k.raw(), v = large_in.v.raw(),
+                  o = large_out.o.raw(), lse = large_out.lse.raw(), dq = large_out.dq.raw(), dk = large_out.dk.raw(),
+                  dv = large_out.dv.raw(), delta = large_out.delta.raw();
+  size_t forward_small = 0, backward_large = 0;
+  {
+    const fb_params ps = small.params();
+    const fb_tensor sq = small_in.q.raw(), sk = small_in.k.raw(), sv = small_in.v.raw(), so = small_out.o.raw(),
+                    sl = small_out.lse.raw();
+    ASSERT_EQ(fb_forward_workspace_size(&sq, &sk, &sv, &so, &sl, &ps, &forward_small), FB_SUCCESS) << fb_last_error();
+  }
+  ASSERT_EQ(fbtest::run_forward(large, large_in, large_out), FB_SUCCESS) << fb_last_error();
+  ASSERT_EQ(fb_backward_workspace_size(&dout, &q, &k, &v, &o, &lse, &dq, &dk, &dv, &delta, &p, &backward_large),
+            FB_SUCCESS)
+      << fb_last_error();
+  ASSERT_GT(backward_large, forward_small);
+
+  fb_workspace_cache_release();
+  EXPECT_EQ(fb_workspace_cache_bytes(), 0u);
+  ASSERT_EQ(fbtest::run_forward(small, small_in, small_out), FB_SUCCESS) << fb_last_error();
+  if (off) {
+    EXPECT_EQ(flashback::workspace_cache_bytes(), 0u) << "FLASHBACK_WORKSPACE_CACHE=0 keeps no workspace";
+  } else {
+    EXPECT_GE(flashback::workspace_cache_bytes(), forward_small);
+  }
+  ASSERT_EQ(fbtest::run_backward(large, large_in, large_out), FB_SUCCESS) << fb_last_error();
+  ASSERT_EQ(fbtest::run_forward(small, small_in, small_out), FB_SUCCESS) << fb_last_error();
+  if (off) {
+    EXPECT_EQ(fb_workspace_cache_bytes(), 0u);
+  } else {
+    EXPECT_GE(fb_workspace_cache_bytes(), backward_large) << "the larger workspace is the one kept";
+  }
+  flashback::release_workspace_cache();
+  EXPECT_EQ(fb_workspace_cache_bytes(), 0u);
+}
+
+// A kept workspace holds what the last call left there: here non-finite values everywhere the same
+// problem's call wrote (its inputs all NaN). No call reads what it did not write first: the next call
+// on that workspace gives the bits of a call on a fresh caller's workspace, in each dtype, under masks,
+// split keys and queries, and with grouped heads swapped for decoding.
+TEST_F(Api, KeptWorkspaceOfNonFiniteValuesGivesTheSameBits) {
+  for (fb_dtype dtype : {FB_F32, FB_BF16, FB_F16}) {
+    for (Case c : {grouped_blocks(), split_keys(), split_queries(), decoding_bshd()}) {
+      c.dtype = dtype;
+      SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
+      const fbtest::Inputs in = inputs_for(c);
+      fbtest::Inputs nan = fbtest::copy_of(c, in);
+      fbtest::poison({&nan.q, &nan.k, &nan.v, &nan.dout});
+      const Outputs fresh = run(c, in, WorkspaceMode::exact);
+      fb_workspace_cache_release();
+      run(c, nan); // leaves its workspace, full of NaN, for the next call
+      ASSERT_GT(fb_workspace_cache_bytes(), 0u);
+      expect_same_bits(fresh, run(c, in));
+    }
+  }
+}
+
 // Tensors need no alignment beyond their element's: rows 1 or 4 elements past a cache line (numpy's and
 // malloc's 16-byte alignment) give the same bits as rows on cache lines (the test buffers start on
 // one, like a framework's tensors). Shapes of several blocks, remainders, grouped heads, masked and

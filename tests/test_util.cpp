@@ -704,14 +704,15 @@ Outputs make_outputs(const Case& c) {
 namespace {
 
 // Runs `call(workspace, bytes)` on a workspace placed as `mode` says, inside a larger buffer whose
-// bytes around the workspace must stay as they were.
+// bytes around the workspace must stay as they were. Every byte starts as 0xFF: a NaN in each dtype,
+// which reaches an output if a call reads a workspace element it did not write first.
 template <class Size, class Call>
 fb_status with_workspace(WorkspaceMode mode, Size&& size, Call&& call) {
   if (mode == WorkspaceMode::library) return call(nullptr, 0);
   size_t bytes = 0;
   if (const fb_status s = size(&bytes); s != FB_SUCCESS) return s;
   constexpr size_t kAround = 128;
-  constexpr unsigned char kPattern = 0x5A;
+  constexpr unsigned char kPattern = 0xFF;
   std::vector<unsigned char> buf(bytes + 3 * kAround, kPattern);
   const uintptr_t base = reinterpret_cast<uintptr_t>(buf.data()) + kAround;
   const size_t start = (base + 63) / 64 * 64 - reinterpret_cast<uintptr_t>(buf.data()) +

@@ -130,6 +130,15 @@ FB_API fb_status fb_backward(const fb_tensor* dout, const fb_tensor* q, const fb
                              const fb_tensor* dv, const fb_tensor* delta, const fb_params* params,
                              void* workspace, size_t workspace_bytes);
 
+/* The workspace the library allocates for a call given none (workspace = NULL) is kept for the next such
+ * call, in any thread, since a fresh buffer's pages cost a first touch each (README: Workspace). One
+ * buffer is kept in the process, the largest a recent call needed: a call that needs more frees it and
+ * allocates its own, which it then leaves. FLASHBACK_WORKSPACE_CACHE=0 (read once) keeps none.
+ * fb_workspace_cache_bytes: the bytes kept now. fb_workspace_cache_release: frees them (the buffer of
+ * a call still running comes back when it ends). */
+FB_API size_t fb_workspace_cache_bytes(void);
+FB_API void fb_workspace_cache_release(void);
+
 /* The thread count a call with params.num_threads == 0 uses: FLASHBACK_NUM_THREADS (read once), else
  * OpenMP's default (omp_get_max_threads in the calling thread). */
 FB_API int fb_default_num_threads(void);

@@ -102,7 +102,7 @@ struct Params {
   }
 };
 
-// Caller-owned workspace; leave it out to let the library allocate.
+// Caller-owned workspace; leave it out to let the library allocate (and keep: workspace_cache_bytes).
 struct Workspace {
   void* data = nullptr;
   size_t bytes = 0;
@@ -162,6 +162,9 @@ inline std::string cpu_kernels_isa(DType dtype) {
   return isa ? isa : "";
 }
 inline int default_num_threads() { return fb_default_num_threads(); }
+// The library's workspace kept for calls given none (fb_workspace_cache_bytes), and freeing it.
+inline size_t workspace_cache_bytes() { return fb_workspace_cache_bytes(); }
+inline void release_workspace_cache() { fb_workspace_cache_release(); }
 inline std::string version() { return fb_version(); }
 
 } // namespace flashback

@@ -7,20 +7,7 @@
 #include <new>
 #include <string>
 
-// Under AddressSanitizer the library's own workspace stays on the heap, where ASan sees an access past
-// its end (OwnedWorkspace below); a mapping rounded up to huge pages would hide it.
-#if defined(__linux__) && !defined(__SANITIZE_ADDRESS__)
-#define FLASHBACK_MAP_WORKSPACE 1
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#undef FLASHBACK_MAP_WORKSPACE
-#endif
-#endif
-#endif
-#if defined(FLASHBACK_MAP_WORKSPACE)
-#include <sys/mman.h>
-#endif
-
+#include "api/workspace.h"
 #include "core/problem.h"
 #include "cpu/backend.h"
 #include "cpu/isa.h"
@@ -58,51 +45,14 @@ void check_out_pointer(const void* p, const char* name) {
                                  std::string(name) + ": expected a pointer to receive the size, got NULL");
 }
 
-// The workspace allocated here when the caller passes none. A fresh buffer's pages are first touched
-// by the call itself, each a page fault and a page zeroed: with 4 KiB pages that took 16 ms of a bf16
-// backward's 66 (B = 32, Hq = 12, S = 197, D = 64: 61 MB, 310,000 faults; 48 ms on the caller's
-// buffer; AMD Zen 4 guest, 2 threads). So on Linux a large one is mapped on its own, 2 MiB-aligned,
-// with transparent huge pages asked for (madvise, which the common `madvise` setting of THP needs;
-// `never` ignores it): 512 times fewer faults; 60 MB touched once took 4.4 ms instead of 25 there.
-// Elsewhere, below kHugePage and under AddressSanitizer, operator new.
-class OwnedWorkspace {
- public:
-  explicit OwnedWorkspace(size_t bytes) {
-#if defined(FLASHBACK_MAP_WORKSPACE)
-    if (bytes >= kHugePage) {
-      const size_t huge = (bytes + kHugePage - 1) / kHugePage * kHugePage; // whole huge pages
-      length_ = huge + kHugePage;                                            // and room to align them
-      void* map = mmap(nullptr, length_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (map == MAP_FAILED) throw std::bad_alloc();
-      map_ = static_cast<char*>(map);
-      data_ = map_ + (kHugePage - reinterpret_cast<uintptr_t>(map_) % kHugePage) % kHugePage;
-      (void)madvise(data_, huge, MADV_HUGEPAGE); // a hint: where THP is off, the pages stay small
-      return;
-    }
-#endif
-    owned_.reset(new char[bytes]);
-    data_ = owned_.get();
-  }
-  ~OwnedWorkspace() {
-#if defined(FLASHBACK_MAP_WORKSPACE)
-    if (map_) munmap(map_, length_);
-#endif
-  }
-  OwnedWorkspace(const OwnedWorkspace&) = delete;
-  OwnedWorkspace& operator=(const OwnedWorkspace&) = delete;
-  char* data() const { return data_; }
+// Never destroyed, so that a call from another static object's destructor still finds it; what it keeps
+// at exit the process gives back.
+flashback::api::WorkspaceCache& workspace_cache() {
+  static auto* cache = new flashback::api::WorkspaceCache;
+  return *cache;
+}
 
- private:
-  std::unique_ptr<char[]> owned_;
-  char* data_ = nullptr;
-#if defined(FLASHBACK_MAP_WORKSPACE)
-  static constexpr size_t kHugePage = size_t{2} << 20;
-  char* map_ = nullptr;
-  size_t length_ = 0;
-#endif
-};
-
-// Runs `run` on the caller's workspace, or on one allocated here when the caller passed none.
+// Runs `run` on the caller's workspace, or on the library's (workspace_cache) when the caller passed none.
 template <class Run>
 void with_workspace(size_t needed, void* workspace, size_t workspace_bytes, Run&& run) {
   using flashback::core::Error;
@@ -110,8 +60,11 @@ void with_workspace(size_t needed, void* workspace, size_t workspace_bytes, Run&
     throw Error(FB_ERROR_INVALID_ARGUMENT, "workspace: expected a pointer to " + std::to_string(workspace_bytes) +
                                                " bytes (workspace_bytes), got NULL");
   if (workspace == nullptr) {
-    const OwnedWorkspace owned(needed);
-    run(owned.data());
+    struct Held { // back to the cache however the call ends
+      std::unique_ptr<flashback::api::OwnedWorkspace> ws;
+      ~Held() { workspace_cache().put(std::move(ws)); }
+    } held{workspace_cache().take(needed)};
+    run(held.ws->data());
     return;
   }
   if (workspace_bytes < needed)
@@ -211,6 +164,10 @@ fb_status fb_backward(const fb_tensor* dout, const fb_tensor* q, const fb_tensor
 }
 
 int fb_default_num_threads(void) { return flashback::cpu::default_threads(); }
+
+size_t fb_workspace_cache_bytes(void) { return workspace_cache().bytes(); }
+
+void fb_workspace_cache_release(void) { workspace_cache().release(); }
 
 const char* fb_last_error(void) { return g_last_error.c_str(); }
 
