@@ -199,10 +199,10 @@ TEST_F(Api, LibraryWorkspaceIsKeptForTheNextCall) {
 
 // A kept workspace holds what the last call left there: here non-finite values everywhere the same
 // problem's call wrote (its inputs all NaN). No call reads what it did not write first: the next call
-// on that workspace gives the bits of a call on a fresh caller's workspace, in each dtype, under masks,
-// split keys and queries, and with grouped heads swapped for decoding.
+// on that workspace gives the bits of a call on a fresh caller's workspace, in each dtype of the
+// level, under masks, split keys and queries, and with grouped heads swapped for decoding.
 TEST_F(Api, KeptWorkspaceOfNonFiniteValuesGivesTheSameBits) {
-  for (fb_dtype dtype : {FB_F32, FB_BF16, FB_F16}) {
+  for (fb_dtype dtype : fbtest::level_dtypes()) { // the dtypes whose kernels this level runs
     for (Case c : {grouped_blocks(), split_keys(), split_queries(), decoding_bshd()}) {
       c.dtype = dtype;
       SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
