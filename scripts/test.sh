@@ -101,13 +101,18 @@ configure_sanitized() {
 #   hardware, and stays;
 # - on emulated tiles, the 20 runs over thread counts (determinism, which the sanitizers do not check;
 #   the other amx_emulated tests run the same code under them): 142 s of the sanitized suite's 1,083
-#   on an AMD Zen 4 guest, where .ci/run took 21 minutes with it.
+#   on an AMD Zen 4 guest, where .ci/run took 21 minutes with it;
+# - on emulated tiles, the kept workspace full of NaN (Api.KeptWorkspaceOfNonFiniteValuesGivesTheSameBits:
+#   whether a call reads workspace it did not write, which the sanitizers do not check; the other
+#   amx_emulated tests run the same code under them): 54 s of the sanitized suite's 1,129 on the Zen 4
+#   guest, where .ci/run took 22.8 minutes with it.
 # (The non-finite inputs on emulated tiles stay, bf16's and f16's: the backward's copies and additions of
 # NaN and infinity around the products with P and dS on tiles (math_bf16.h) run nowhere else here,
 # since the vdpbf16ps backward takes those products in f32 (bd51694): about 18 s and 75 s sanitized.)
 stage_asan() {
   configure_sanitized asan address,undefined && build asan || return 1
-  local exclude='^amx_emulated\.Reliability\.TwentyRunsOverThreadCountsGiveTheSameBits$' dot=1
+  local exclude='^amx_emulated\.(Reliability\.TwentyRunsOverThreadCountsGiveTheSameBits' dot=1
+  exclude+='|Api\.KeptWorkspaceOfNonFiniteValuesGivesTheSameBits)$'
   build-asan/tools/flashback info 2>/dev/null | grep -Eq '^kernels:.* bf16 avx512bf16,' || dot=0
   [ $dot -eq 1 ] || exclude="^bf16_dot\.|$exclude"
   run_ctest asan 1800 -E "$exclude"
