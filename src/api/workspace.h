@@ -91,8 +91,9 @@ class OwnedWorkspace {
 // costs its pages' clearing (above), which took a bf16 backward 3 - 10% of its time even on huge pages
 // (BENCHMARKS.md). One buffer is kept in the process: a call takes it if it is large enough, else frees
 // it and allocates what it needs; a call that ends puts its buffer back, the larger of the two where
-// another came back meanwhile (calls at once each hold their own). oneDNN keeps its library-owned
-// scratchpad in the same way. FLASHBACK_WORKSPACE_CACHE=0 (read once) keeps none;
+// another came back meanwhile (calls at once each hold their own). oneDNN's library-owned scratchpad
+// (its default mode) is likewise one buffer common to its primitives and kept between their runs.
+// FLASHBACK_WORKSPACE_CACHE=0 (read once) keeps none;
 // fb_workspace_cache_release frees the one kept. Its contents never matter: every call writes what it
 // reads (tests/api_test.cpp: KeptWorkspaceOfNonFiniteValuesGivesTheSameBits).
 class WorkspaceCache {
