@@ -137,14 +137,8 @@ TEST_F(Api, LargeLibraryWorkspaceGivesTheSameBits) {
     c.layout(fbtest::Layout::bshd); // rows apart: f32 copies Q and dO into the workspace too
     SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
     const fbtest::Inputs in = inputs_for(c);
-    Outputs out = fbtest::make_outputs(c);
-    const fb_params p = c.params();
-    const fb_tensor dout = in.dout.raw(), q = in.q.raw(), k = in.k.raw(), v = in.v.raw(), o = out.o.raw(),
-                    lse = out.lse.raw(), dq = out.dq.raw(), dk = out.dk.raw(), dv = out.dv.raw(),
-                    delta = out.delta.raw();
     size_t backward = 0;
-    ASSERT_EQ(fb_backward_workspace_size(&dout, &q, &k, &v, &o, &lse, &dq, &dk, &dv, &delta, &p, &backward),
-              FB_SUCCESS)
+    ASSERT_EQ(fbtest::backward_workspace_bytes(c, in, fbtest::make_outputs(c), &backward), FB_SUCCESS)
         << fb_last_error();
     ASSERT_GE(backward, size_t{2} << 20) << "a backward workspace of a size the library takes from the heap";
     expect_same_bits(run(c, in), run(c, in, WorkspaceMode::exact));
@@ -161,20 +155,11 @@ TEST_F(Api, LibraryWorkspaceIsKeptForTheNextCall) {
   large.dtype = FB_BF16; // packed copies of Q and dO: a backward workspace larger than the forward's
   const fbtest::Inputs small_in = inputs_for(small), large_in = inputs_for(large);
   Outputs small_out = fbtest::make_outputs(small), large_out = fbtest::make_outputs(large);
-  const fb_params p = large.params();
-  const fb_tensor dout = large_in.dout.raw(), q = large_in.q.raw(), k = large_in.k.raw(), v = large_in.v.raw(),
-                  o = large_out.o.raw(), lse = large_out.lse.raw(), dq = large_out.dq.raw(), dk = large_out.dk.raw(),
-                  dv = large_out.dv.raw(), delta = large_out.delta.raw();
   size_t forward_small = 0, backward_large = 0;
-  {
-    const fb_params ps = small.params();
-    const fb_tensor sq = small_in.q.raw(), sk = small_in.k.raw(), sv = small_in.v.raw(), so = small_out.o.raw(),
-                    sl = small_out.lse.raw();
-    ASSERT_EQ(fb_forward_workspace_size(&sq, &sk, &sv, &so, &sl, &ps, &forward_small), FB_SUCCESS) << fb_last_error();
-  }
+  ASSERT_EQ(fbtest::forward_workspace_bytes(small, small_in, small_out, &forward_small), FB_SUCCESS)
+      << fb_last_error();
   ASSERT_EQ(fbtest::run_forward(large, large_in, large_out), FB_SUCCESS) << fb_last_error();
-  ASSERT_EQ(fb_backward_workspace_size(&dout, &q, &k, &v, &o, &lse, &dq, &dk, &dv, &delta, &p, &backward_large),
-            FB_SUCCESS)
+  ASSERT_EQ(fbtest::backward_workspace_bytes(large, large_in, large_out, &backward_large), FB_SUCCESS)
       << fb_last_error();
   ASSERT_GT(backward_large, forward_small);
 
@@ -403,11 +388,9 @@ TEST_F(Api, DefaultThreadCount) {
   const fbtest::Inputs in = inputs_for(c);
   auto forward_bytes = [&](int threads) {
     c.threads = threads;
-    const fb_params p = c.params();
-    const Outputs out = fbtest::make_outputs(c);
-    const fb_tensor q = in.q.raw(), k = in.k.raw(), v = in.v.raw(), o = out.o.raw(), lse = out.lse.raw();
     size_t bytes = 0;
-    EXPECT_EQ(fb_forward_workspace_size(&q, &k, &v, &o, &lse, &p, &bytes), FB_SUCCESS) << fb_last_error();
+    EXPECT_EQ(fbtest::forward_workspace_bytes(c, in, fbtest::make_outputs(c), &bytes), FB_SUCCESS)
+        << fb_last_error();
     return bytes;
   };
   EXPECT_EQ(forward_bytes(0), forward_bytes(expected)) << "expected " << expected << " threads by default";
@@ -426,11 +409,9 @@ TEST_F(Api, DecodingWorkspaceHoldsNoCopyOfTheCache) {
     c.dtype = dtype;
     c.shape = {1, 8, 2, 1, 16384, 64, 64};
     const fbtest::Inputs in = inputs_for(c);
-    const Outputs out = fbtest::make_outputs(c);
-    const fb_params p = c.params();
-    const fb_tensor q = in.q.raw(), k = in.k.raw(), v = in.v.raw(), o = out.o.raw(), lse = out.lse.raw();
     size_t bytes = 0;
-    ASSERT_EQ(fb_forward_workspace_size(&q, &k, &v, &o, &lse, &p, &bytes), FB_SUCCESS) << fb_last_error();
+    ASSERT_EQ(fbtest::forward_workspace_bytes(c, in, fbtest::make_outputs(c), &bytes), FB_SUCCESS)
+        << fb_last_error();
     const size_t cache = static_cast<size_t>(2 * c.shape.heads_kv * c.shape.seqlen_k * c.shape.head_dim) *
                          (dtype == FB_F32 ? 4 : 2);
     EXPECT_LT(bytes, cache / 2) << c.describe() << ": " << bytes << " bytes of workspace for " << cache

@@ -729,34 +729,57 @@ fb_status with_workspace(WorkspaceMode mode, Size&& size, Call&& call) {
 
 fb_tensor raw_or_empty(const Tensor& t) { return t.exists() ? t.raw() : fb_tensor{}; }
 
+// The C API's arguments of case `c`'s forward on its tensors: its workspace query and the call.
+struct ForwardArgs {
+  fb_params p;
+  fb_tensor q, k, v, o, lse;
+  ForwardArgs(const Case& c, const Inputs& in, const Outputs& out)
+      : p(c.params()), q(in.q.raw()), k(in.k.raw()), v(in.v.raw()), o(out.o.raw()), lse(out.lse.raw()) {}
+  fb_status size(size_t* bytes) const { return fb_forward_workspace_size(&q, &k, &v, &o, &lse, &p, bytes); }
+  fb_status run(void* w, size_t bytes) const { return fb_forward(&q, &k, &v, &o, &lse, &p, w, bytes); }
+};
+
+// The backward's: the gradients the case does not want (and delta) are NULL.
+struct BackwardArgs {
+  fb_params p;
+  fb_tensor dout, q, k, v, o, lse, dq, dk, dv, delta;
+  const fb_tensor *pdq, *pdk, *pdv, *pdelta;
+  BackwardArgs(const Case& c, const Inputs& in, const Outputs& out)
+      : p(c.params()), dout(in.dout.raw()), q(in.q.raw()), k(in.k.raw()), v(in.v.raw()), o(out.o.raw()),
+        lse(out.lse.raw()), dq(raw_or_empty(out.dq)), dk(raw_or_empty(out.dk)), dv(raw_or_empty(out.dv)),
+        delta(raw_or_empty(out.delta)), pdq(out.dq.exists() ? &dq : nullptr),
+        pdk(out.dk.exists() ? &dk : nullptr), pdv(out.dv.exists() ? &dv : nullptr),
+        pdelta(out.delta.exists() ? &delta : nullptr) {}
+  BackwardArgs(const BackwardArgs&) = delete; // the pointers are to its own members
+  BackwardArgs& operator=(const BackwardArgs&) = delete;
+  fb_status size(size_t* bytes) const {
+    return fb_backward_workspace_size(&dout, &q, &k, &v, &o, &lse, pdq, pdk, pdv, pdelta, &p, bytes);
+  }
+  fb_status run(void* w, size_t bytes) const {
+    return fb_backward(&dout, &q, &k, &v, &o, &lse, pdq, pdk, pdv, pdelta, &p, w, bytes);
+  }
+};
+
 } // namespace
 
+fb_status forward_workspace_bytes(const Case& c, const Inputs& in, const Outputs& out, size_t* bytes) {
+  return ForwardArgs(c, in, out).size(bytes);
+}
+
+fb_status backward_workspace_bytes(const Case& c, const Inputs& in, const Outputs& out, size_t* bytes) {
+  return BackwardArgs(c, in, out).size(bytes);
+}
+
 fb_status run_forward(const Case& c, const Inputs& in, Outputs& out, WorkspaceMode ws) {
-  const fb_params p = c.params();
-  const fb_tensor q = in.q.raw(), k = in.k.raw(), v = in.v.raw(), o = out.o.raw(), lse = out.lse.raw();
+  const ForwardArgs a(c, in, out);
   return with_workspace(
-      ws, [&](size_t* bytes) { return fb_forward_workspace_size(&q, &k, &v, &o, &lse, &p, bytes); },
-      [&](void* w, size_t bytes) { return fb_forward(&q, &k, &v, &o, &lse, &p, w, bytes); });
+      ws, [&](size_t* bytes) { return a.size(bytes); }, [&](void* w, size_t bytes) { return a.run(w, bytes); });
 }
 
 fb_status run_backward(const Case& c, const Inputs& in, Outputs& out, WorkspaceMode ws) {
-  const fb_params p = c.params();
-  const fb_tensor dout = in.dout.raw(), q = in.q.raw(), k = in.k.raw(), v = in.v.raw(), o = out.o.raw(),
-                  lse = out.lse.raw();
-  const fb_tensor dq = raw_or_empty(out.dq), dk = raw_or_empty(out.dk), dv = raw_or_empty(out.dv),
-                  delta = raw_or_empty(out.delta);
-  const fb_tensor* pdq = out.dq.exists() ? &dq : nullptr;
-  const fb_tensor* pdk = out.dk.exists() ? &dk : nullptr;
-  const fb_tensor* pdv = out.dv.exists() ? &dv : nullptr;
-  const fb_tensor* pdelta = out.delta.exists() ? &delta : nullptr;
+  const BackwardArgs a(c, in, out);
   return with_workspace(
-      ws,
-      [&](size_t* bytes) {
-        return fb_backward_workspace_size(&dout, &q, &k, &v, &o, &lse, pdq, pdk, pdv, pdelta, &p, bytes);
-      },
-      [&](void* w, size_t bytes) {
-        return fb_backward(&dout, &q, &k, &v, &o, &lse, pdq, pdk, pdv, pdelta, &p, w, bytes);
-      });
+      ws, [&](size_t* bytes) { return a.size(bytes); }, [&](void* w, size_t bytes) { return a.run(w, bytes); });
 }
 
 std::vector<const Tensor*> forward_outputs(const Outputs& out) { return {&out.o, &out.lse}; }

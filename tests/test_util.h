@@ -235,6 +235,10 @@ enum class WorkspaceMode {
   misaligned, // exactly *_workspace_size bytes at an odd address
 };
 
+// fb_forward_workspace_size / fb_backward_workspace_size of case `c` on these tensors (the backward's with
+// the gradients the case wants).
+fb_status forward_workspace_bytes(const Case& c, const Inputs& in, const Outputs& out, size_t* bytes);
+fb_status backward_workspace_bytes(const Case& c, const Inputs& in, const Outputs& out, size_t* bytes);
 // fb_forward into out.o, out.lse. With a caller workspace, also checks that no byte around it was
 // written (a failure is added to the test).
 fb_status run_forward(const Case& c, const Inputs& in, Outputs& out, WorkspaceMode ws = WorkspaceMode::library);
