@@ -69,18 +69,13 @@ struct EmulatedTiles {
   __attribute__((no_sanitize("address", "undefined"))) static void dot() {
     Regs& g = configured_regs();
     float af[16][32], even[16][16], odd[16][16], cf[16][16]; // A (m, k), B (pair w, n) by k % 2, C
-    auto f32_of = [](const uint8_t* p) { // bf16 bits to f32 in builtins, inlined without optimization too
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      const uint32_t u = static_cast<uint32_t>(h) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      return f;
-    };
     for (int r = 0; r < 16; ++r)
       for (int x = 0; x < 32; ++x) {
-        af[r][x] = f32_of(&g.t[a][r][2 * x]);
-        (x % 2 ? odd : even)[r][x / 2] = f32_of(&g.t[b][r][2 * x]);
+        bf16 ha, hb;
+        std::memcpy(&ha, &g.t[a][r][2 * x], 2);
+        std::memcpy(&hb, &g.t[b][r][2 * x], 2);
+        af[r][x] = to_float(ha);
+        (x % 2 ? odd : even)[r][x / 2] = to_float(hb);
       }
     std::memcpy(cf, g.t[c], sizeof cf);
     for (int m = 0; m < 16; ++m)
