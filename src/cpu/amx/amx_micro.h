@@ -69,23 +69,13 @@ struct EmulatedTiles {
   __attribute__((no_sanitize("address", "undefined"))) static void dot() {
     Regs& g = configured_regs();
     float af[16][32], even[16][16], odd[16][16], cf[16][16]; // A (m, k), B (pair w, n) by k % 2, C
-    // half.h's to_float(bf16), written here again: called from here, to_float runs sanitized (at the
-    // sanitized build's -O1 it stays a function of its own). On the Xeon without AVX512_BF16 (2026-12-07)
-    // .ci/run took 1,391 s with to_float (its sanitized stage 734 s, the emulated-AMX fuzz run 6,757
-    // inputs) against 1,309 s with this copy (644 s, 10,405 inputs); amx_emulated NonFiniteInputs/f16
-    // alone, sanitized, 32 - 39 s against 28 s.
-    auto f32_of = [](const uint8_t* p) {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      const uint32_t u = static_cast<uint32_t>(h) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      return f;
-    };
     for (int r = 0; r < 16; ++r)
       for (int x = 0; x < 32; ++x) {
-        af[r][x] = f32_of(&g.t[a][r][2 * x]);
-        (x % 2 ? odd : even)[r][x / 2] = f32_of(&g.t[b][r][2 * x]);
+        bf16 ha, hb;
+        std::memcpy(&ha, &g.t[a][r][2 * x], 2);
+        std::memcpy(&hb, &g.t[b][r][2 * x], 2);
+        af[r][x] = to_float(ha);
+        (x % 2 ? odd : even)[r][x / 2] = to_float(hb);
       }
     std::memcpy(cf, g.t[c], sizeof cf);
     for (int m = 0; m < 16; ++m)
