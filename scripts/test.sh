@@ -116,7 +116,8 @@ configure_sanitized() {
 # (The non-finite inputs on emulated tiles stay, bf16's and f16's: the backward's copies and additions of
 # NaN and infinity around the products with P and dS on tiles (math_bf16.h) run nowhere else here,
 # since the vdpbf16ps backward takes those products in f32 (bd51694): 41 s and 200 s sanitized on the
-# Xeon, then 28 - 39 s for f16 once the tiles' arithmetic ran unsanitized (amx_micro.h: EmulatedTiles::dot).)
+# Xeon, then 31 - 37 s for f16 once the tiles' arithmetic ran unsanitized and called no instrumented
+# function (amx_micro.h: EmulatedTiles::dot).)
 stage_asan() {
   configure_sanitized asan address,undefined && build asan || return 1
   local exclude='\.Reliability\.TwentyRunsOverThreadCountsGiveTheSameBits$' dot=1
