@@ -75,26 +75,34 @@ stage_test() {
 # The level build-test's library runs at on this machine (`flashback info`), or nothing without that build.
 test_level() { build-test/tools/flashback info 2>/dev/null | sed -n 's/^isa: *//p'; }
 
-# -DFLASHBACK_EMULATED_KERNELS for the sanitized and fuzz builds: src/cpu/emulated/ (AVX-512 and
-# vdpbf16ps on AVX2) runs only on machines without AVX-512 or AVX512_BF16, so they leave it out where
-# build-test's library runs avx512bf16 or amx (the test stage compiles it everywhere). Under clang's
-# sanitizers and coverage it took 114 s of the fuzz build's 341 s of compiling (one file, the
-# build's longest), under GCC's 53 s of the asan build's 328.
-emulated_kernels() {
+# The kernels the sanitized and fuzz builds compile (kernel_options sets KERNELS): those this machine
+# runs, at its level or emulated above it; the test stage compiles them all everywhere.
+# - src/cpu/emulated/ (AVX-512 and vdpbf16ps on AVX2, the tiles in software) runs only on machines
+#   without AVX-512 or AVX512_BF16: left out where build-test's library runs avx512bf16 or amx. Under
+#   clang's sanitizers and coverage it took 114 s of the fuzz build's 341 s of compiling (one file, the
+#   build's longest), under GCC's 53 s of the asan build's 328.
+# - The avx512bf16 and amx kernels run only on machines with AVX512_BF16 (amx's on emulated tiles where
+#   there are none), and avx512's only with AVX-512 (the emulated ones run above the machine's level):
+#   left out below. On the Xeon without AVX512_BF16 (2026-12-07) the two took 94 s of the asan build's
+#   501 s of compiling, and 213 s of the fuzz build's 490.
+kernel_options() {
   case $(test_level) in
-    avx512bf16 | amx) echo -DFLASHBACK_EMULATED_KERNELS=OFF ;;
-    *) echo -DFLASHBACK_EMULATED_KERNELS=ON ;;
+    avx512bf16 | amx) KERNELS=("-DFLASHBACK_ISA_KERNELS=avx2;avx512;avx512bf16;amx" -DFLASHBACK_EMULATED_KERNELS=OFF) ;;
+    avx512) KERNELS=("-DFLASHBACK_ISA_KERNELS=avx2;avx512" -DFLASHBACK_EMULATED_KERNELS=ON) ;;
+    avx2) KERNELS=(-DFLASHBACK_ISA_KERNELS=avx2 -DFLASHBACK_EMULATED_KERNELS=ON) ;;
+    *) KERNELS=("-DFLASHBACK_ISA_KERNELS=avx2;avx512;avx512bf16;amx" -DFLASHBACK_EMULATED_KERNELS=ON) ;;
   esac
 }
 
 # configure_sanitized <name> <sanitizers> [cmake args...]: build-<name> at -O1 with the sanitizers.
 configure_sanitized() {
-  local name=$1 sanitizers=$2
+  local name=$1 sanitizers=$2 KERNELS
   shift 2
+  kernel_options
   logged "$name-configure" cmake -S . -B "build-$name" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$SAN_FLAGS" "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$SAN_FLAGS" \
     "-DFLASHBACK_SANITIZE=$sanitizers" -DFLASHBACK_WARNINGS_AS_ERRORS=ON -DFLASHBACK_BUILD_BENCHMARKS=OFF \
-    "$(emulated_kernels)" "$@"
+    "${KERNELS[@]}" "$@"
 }
 
 # Left out under the sanitizers, and still run by the test stage:
@@ -150,9 +158,14 @@ stage_tsan() {
 
 # Each target from a copy of its committed corpus (the repository is not modified); a crash, a leak,
 # an input slower than 10 s or a harness check leaves an artifact in build-logs/ and fails the stage.
+# Built at -O2 with line tables only (file:line in the reports): full debug info took 201 s of build time
+# against 183 (the Xeon without AVX512_BF16, 2026-12-07).
 stage_fuzz() {
+  local KERNELS flags="-O2 -gline-tables-only -DNDEBUG"
+  kernel_options
   CC=clang CXX=clang++ logged fuzz-configure cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DFLASHBACK_FUZZ=ON -DFLASHBACK_BUILD_TESTS=OFF -DFLASHBACK_BUILD_BENCHMARKS=OFF "$(emulated_kernels)" &&
+    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$flags" "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$flags" -DFLASHBACK_FUZZ=ON \
+    -DFLASHBACK_BUILD_TESTS=OFF -DFLASHBACK_BUILD_BENCHMARKS=OFF "${KERNELS[@]}" &&
     logged fuzz-build cmake --build build-fuzz -j "$JOBS" --target fuzz_c_api fuzz_safetensors || return 1
   local rc=0 run target emulation name i
   # fuzz_c_api twice: at this machine's level, and with the levels it lacks emulated up to amx
