@@ -117,14 +117,14 @@ struct DotBf16Micro {
       gemm(m, n, kk, a, a_lo, lda, b_lo, ldb, c, ldc, true, nullptr, nullptr, pf);
       return;
     }
-    F::for_each_tile(m, n, [&](int64_t r0, int64_t mr, int64_t c0, int nv, bool tail, K last) {
+    F::template for_each_tile<NV>(m, n, [&](int64_t r0, int64_t mr, int64_t c0, int nv, bool tail, K last) {
       pick_tile(static_cast<int>(mr), nv, tail, a_lo != nullptr)(
           kk, a + r0 * lda, a_lo ? a_lo + r0 * lda : nullptr, lda, b + 2 * c0, ldb, c + r0 * ldc + c0, ldc, acc,
           row_scale ? row_scale + r0 : nullptr, last, pf);
     });
   }
   // The paced steps of gemm(m, n, kk) with pf, without B_lo.
-  static int64_t k_steps(int64_t m, int64_t n, int64_t kk) { return F::k_steps(m, n, kk / 2); }
+  static int64_t k_steps(int64_t m, int64_t n, int64_t kk) { return F::template k_steps<NV>(m, n, kk / 2); }
 };
 
 } // namespace

@@ -19,9 +19,13 @@ struct MicroF32 {
   using R = typename V::reg;
   using K = typename V::mask;
   static constexpr int L = V::lanes;
-  // Register blocking: MR rows by NV vectors of C stay in registers across the whole k loop.
-  static constexpr int MR = V::kMR, NV = V::kNV;
+  // Register blocking: MR rows by NV vectors of C stay in registers across the whole k loop. Panels
+  // of up to NVW vectors (for_each_panel) take mr_of(nv) rows.
+  static constexpr int MR = V::kMR, NV = V::kNV, NVW = V::kNVWide;
+  static constexpr int mr_of(int nv) { return nv <= NV ? MR : (V::kRegisters - nv - 1) / nv; }
   static_assert(MR * NV + NV + 1 <= V::kRegisters, "the C tile, a row of B and a broadcast must fit");
+  static_assert(NVW >= NV && mr_of(NVW) * NVW + NVW + 1 <= V::kRegisters && mr_of(NVW) * NVW >= MR * NV,
+                "a wide tile must fit and hold as many accumulators");
 
   // --- GEMM ----------------------------------------------------------------------------------------
   // C[mr][nv*L] = (acc ? row_scale * C : 0) + A B over kk k: A(r, k) = a[r * ars + k * aks], B(k, x) =
@@ -40,7 +44,7 @@ struct MicroF32 {
     R cr[mr][nv];
 #pragma GCC unroll 8
     for (int r = 0; r < mr; ++r)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int v = 0; v < nv; ++v) cr[r][v] = V::zero();
     const float* ar[mr];
 #pragma GCC unroll 8
@@ -49,13 +53,13 @@ struct MicroF32 {
       if constexpr (kFetch) pf->paced();
       const float* brow = b + k * ldb;
       R bv[nv];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int v = 0; v < nv; ++v)
         bv[v] = kTail && v == nv - 1 ? V::load_masked(brow + v * L, last) : V::loadu(brow + v * L);
 #pragma GCC unroll 8
       for (int r = 0; r < mr; ++r) {
         const R av = V::set1(ar[r][k * aks]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int v = 0; v < nv; ++v) cr[r][v] = V::fma(av, bv[v], cr[r][v]);
       }
     }
@@ -78,7 +82,7 @@ struct MicroF32 {
 #pragma GCC unroll 8
     for (int r = 0; r < mr; ++r) {
       const R s = row_scale ? V::set1(row_scale[r]) : V::set1(1.0f);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int v = 0; v < nv; ++v) cr[r][v] = acc ? V::mul(c_vector<nv, kTail>(c, ldc, r, v, last), s) : V::zero();
     }
   }
@@ -88,7 +92,7 @@ struct MicroF32 {
 #pragma GCC unroll 8
     for (int r = 0; r < mr; ++r) {
       const R s = row_scale ? V::set1(row_scale[r]) : V::set1(1.0f);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int v = 0; v < nv; ++v) cr[r][v] = V::fma(c_vector<nv, kTail>(c, ldc, r, v, last), s, cr[r][v]);
     }
   }
@@ -96,7 +100,7 @@ struct MicroF32 {
   [[gnu::always_inline]] static inline void store_c(R (&cr)[mr][nv], float* c, int64_t ldc, K last) {
 #pragma GCC unroll 8
     for (int r = 0; r < mr; ++r)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int v = 0; v < nv; ++v) {
         float* p = c + r * ldc + v * L;
         if (kTail && v == nv - 1)
@@ -110,14 +114,17 @@ struct MicroF32 {
                           const float*, K, Prefetch*);
 
   // The instantiation for (mr, nv, tail); a chain of compares, once per tile of thousands of FMAs.
+  // Only mr <= mr_of(nv) is instantiated (for_each_tile asks for no other).
   template <int mr, int nv = 1>
   static TileFn pick_nv(int want_nv, bool tail, bool fetch) {
-    if constexpr (nv > NV) {
+    if constexpr (nv > NVW) {
       return nullptr;
     } else {
-      if (want_nv == nv) {
-        if (fetch) return tail ? &tile<mr, nv, true, true> : &tile<mr, nv, false, true>;
-        return tail ? &tile<mr, nv, true, false> : &tile<mr, nv, false, false>;
+      if constexpr (mr <= mr_of(nv)) {
+        if (want_nv == nv) {
+          if (fetch) return tail ? &tile<mr, nv, true, true> : &tile<mr, nv, false, true>;
+          return tail ? &tile<mr, nv, true, false> : &tile<mr, nv, false, false>;
+        }
       }
       return pick_nv<mr, nv + 1>(want_nv, tail, fetch);
     }
@@ -132,19 +139,40 @@ struct MicroF32 {
     }
   }
 
-  // The rows of the next row tile when `rest` rows are left: MR, but the last MR + 1 to 2 MR - 1 rows
-  // go in two tiles of about equal height, since a tile of one or two rows has too few accumulators
-  // to cover the FMA latency (128 rows: 20 x 6, then 4 + 4 rather than 6 + 2). Each element is the
-  // same FMA chain over k whatever the tiling: the same bits.
-  static int64_t row_tile(int64_t rest) { return rest > MR && rest < 2 * MR ? (rest + 1) / 2 : min64(MR, rest); }
+  // The rows of the next row tile of at most `most` rows when `rest` rows are left: `most`, but the
+  // last most + 1 to 2 most - 1 rows go in two tiles of about equal height, since a tile of one or
+  // two rows has too few accumulators to cover the FMA latency (128 rows of 6: 20 x 6, then 4 + 4
+  // rather than 6 + 2). Each element is the same FMA chain over k whatever the tiling: the same bits.
+  static int64_t row_tile(int64_t rest, int64_t most) {
+    return rest > most && rest < 2 * most ? (rest + 1) / 2 : min64(most, rest);
+  }
+
+  // The widths of the column panels of `vectors` vectors of C, at most `widest` (NVW for the f32
+  // tiles, NV for the bf16 ones, dot_bf16_micro.h): panels of NV vectors, the last with the rest; but
+  // a rest of one vector joins the panels before it where they can widen to `widest`. With NV = 4 and
+  // NVW = 5: 5 vectors (n = 80, D = 80) take one panel of 5 x 5 tiles rather than 6 x 4 and 6 x 1 (6
+  // accumulators, three quarters of the 8 that cover the FMA latency), 9 take 5 + 4. Measured side by
+  // side (bench/ab.cpp; Xeon, avx512, B = 1, Hq = 16, S = 2048, D = 80): the forward and the backward
+  // in 0.95x the time. A rest of two (6 x 2 tiles, 12 accumulators) widened to 4 x 6 tiles took 0.99x
+  // and 1.00x the time at D = 96, 1.00x at D = 160: not done. fn(nv) for each panel, in order.
+  template <class Fn>
+  static void for_each_panel(int64_t vectors, int widest, const Fn& fn) {
+    const int64_t count = (vectors + NV - 1) / NV, rest = vectors % NV;
+    if (count > 1 && rest == 1 && vectors <= (count - 1) * widest) {
+      const int64_t panels = count - 1;
+      for (int64_t i = 0; i < panels; ++i) fn(static_cast<int>(vectors / panels + (i < vectors % panels ? 1 : 0)));
+      return;
+    }
+    for (int64_t i = 0; i < count; ++i) fn(static_cast<int>(i < count - 1 || rest == 0 ? NV : rest));
+  }
 
   // C[m][n] = (acc ? row_scale[r] * C : 0) + A B with A(r, k) = a[r * ars + k * aks],
-  // B(k, x) = b[k * ldb + x], each tile as tile() sums it. Column panels of NV*L outside (the panel of B
-  // stays in cache), row tiles of MR inside. With pf, one of its paced steps per k of each tile.
+  // B(k, x) = b[k * ldb + x], each tile as tile() sums it. Column panels (for_each_panel) outside (the
+  // panel of B stays in cache), row tiles of MR inside. With pf, one of its paced steps per k of each tile.
   static void gemm_fetching(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks,
                             const float* b, int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale,
                             Prefetch* pf) {
-    for_each_tile(m, n, [&](int64_t r0, int64_t mr, int64_t c0, int nv, bool tail, K last) {
+    for_each_tile<NVW>(m, n, [&](int64_t r0, int64_t mr, int64_t c0, int nv, bool tail, K last) {
       pick_tile(static_cast<int>(mr), nv, tail, pf != nullptr)(a + r0 * ars, ars, aks, b + c0, ldb, kk,
                                                                c + r0 * ldc + c0, ldc, acc,
                                                                row_scale ? row_scale + r0 : nullptr, last, pf);
@@ -154,29 +182,32 @@ struct MicroF32 {
                    int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale) {
     gemm_fetching(m, n, kk, a, ars, aks, b, ldb, c, ldc, acc, row_scale, nullptr);
   }
-  // The k steps of gemm(m, n, kk): one per k of each tile.
+  // The k steps of a gemm(m, n, kk) tiled with panels of at most `widest` vectors: one per k of each tile.
+  template <int widest = NVW>
   static int64_t k_steps(int64_t m, int64_t n, int64_t kk) {
     int64_t tiles = 0;
-    for_each_tile(m, n, [&](int64_t, int64_t, int64_t, int, bool, K) { ++tiles; });
+    for_each_tile<widest>(m, n, [&](int64_t, int64_t, int64_t, int, bool, K) { ++tiles; });
     return tiles * kk;
   }
 
-  // The tiles of C[m][n], fn(r0, mr, c0, nv, tail, last) for each: column panels of NV vectors outside,
-  // row tiles of row_tile() rows inside; the panel's last vector holds `last` of its lanes when tail.
-  // Shared with the bf16 microkernel (dot_bf16_micro.h).
-  template <class Fn>
+  // The tiles of C[m][n], fn(r0, mr, c0, nv, tail, last) for each: column panels (for_each_panel, at
+  // most `widest` vectors) outside, row tiles of row_tile(, mr_of(nv)) rows inside; the last panel's last
+  // vector holds `last` of its lanes when tail. Shared with the bf16 microkernel (dot_bf16_micro.h,
+  // widest = NV).
+  template <int widest, class Fn>
   static void for_each_tile(int64_t m, int64_t n, const Fn& fn) {
-    for (int64_t c0 = 0; c0 < n; c0 += NV * L) {
-      const int64_t width = min64(NV * L, n - c0);
-      const int nv = static_cast<int>((width + L - 1) / L);
+    int64_t c0 = 0;
+    for_each_panel((n + L - 1) / L, widest, [&](int nv) {
+      const int64_t width = min64(nv * L, n - c0);
       const int rem = static_cast<int>(width - (nv - 1) * L);
       const K last = V::first_lanes(rem);
       const bool tail = rem != L;
       for (int64_t r0 = 0, mr = 0; r0 < m; r0 += mr) {
-        mr = row_tile(m - r0);
+        mr = row_tile(m - r0, mr_of(nv));
         fn(r0, mr, c0, nv, tail, last);
       }
-    }
+      c0 += width;
+    });
   }
 
   // gemm where row i sums only over k in [i + lo, i + hi]: see blocks.h.
@@ -227,7 +258,7 @@ struct MicroF32 {
       const T* row = src + r * lds;
       int64_t c0 = 0;
       for (; c0 + 4 * L <= cols; c0 += 4 * L)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < 4; ++i) acc[i] = V::fma(V::load(row + c0 + i * L, L), zero, acc[i]);
       for (; c0 < cols; c0 += L)
         acc[0] = V::fma(V::load(row + c0, static_cast<int>(min64(L, cols - c0))), zero, acc[0]);
