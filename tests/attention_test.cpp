@@ -412,9 +412,10 @@ TEST_P(Attention, HeadDims) {
   }
   for (auto [d, dv] : std::vector<std::pair<int64_t, int64_t>>{
            {1, 7}, {7, 1}, {16, 256}, {256, 16}, {64, 32}, {32, 64}, {80, 96}, {200, 128}, {128, 200},
-           {33, 47}, {129, 65}, {250, 255}, {72, 88}, {144, 160}}) {
+           {33, 47}, {129, 65}, {250, 255}, {72, 88}, {144, 160}, {20, 24}}) {
     // {33, 47} on: remainders of every vector width; {72, 88}: 16-lane panels of 5 vectors, and of 4 + 2,
-    // with a partial last vector; {144, 160}: panels of 5 + 4 and 4 + 4 + 2 (micro_f32.h, for_each_panel)
+    // with a partial last vector; {144, 160}: panels of 5 + 4 and 4 + 4 + 2; {20, 24}: one 8-lane panel of
+    // 3 vectors, with a partial last one and without (micro_f32.h, for_each_panel)
     const int64_t sq = tiles(d, dv, false).bm + 1, sk = 2 * tiles(d, dv, true).bn + 3;
     cases.push_back(make_case(1, 2, 1, sq, sk, d, dv, i++ % 2 ? kCausal : window(5, 9)));
   }

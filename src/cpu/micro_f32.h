@@ -150,11 +150,13 @@ struct MicroF32 {
   // The widths of the column panels of `vectors` vectors of C, at most `widest` (NVW for the f32
   // tiles, NV for the bf16 ones, dot_bf16_micro.h): panels of NV vectors, the last with the rest; but
   // a rest of one vector joins the panels before it where they can widen to `widest`. With NV = 4 and
-  // NVW = 5: 5 vectors (n = 80, D = 80) take one panel of 5 x 5 tiles rather than 6 x 4 and 6 x 1 (6
-  // accumulators, three quarters of the 8 that cover the FMA latency), 9 take 5 + 4. Measured side by
-  // side (bench/ab.cpp; Xeon, avx512, B = 1, Hq = 16, S = 2048, D = 80): the forward and the backward
-  // in 0.95x the time. A rest of two (6 x 2 tiles, 12 accumulators) widened to 4 x 6 tiles took 0.99x
-  // and 1.00x the time at D = 96, 1.00x at D = 160: not done. fn(nv) for each panel, in order.
+  // NVW = 5 (avx512): 5 vectors (n = 80, D = 80) take one panel of 5 x 5 tiles rather than 6 x 4 and
+  // 6 x 1 (6 accumulators, three quarters of the 8 that cover the FMA latency), 9 take 5 + 4; with NV
+  // = 2 and NVW = 3 (avx2), 5 vectors (n = 40) take 3 + 2. Measured side by side (bench/ab.cpp; Xeon,
+  // S = 2048, Hq = 16): avx512 at D = 80 (B = 1), the forward and the backward in 0.96x the time;
+  // avx2 at D = 40 and 72 (B = 2), 0.96 - 0.98x. A rest of two (6 x 2 tiles, 12 accumulators) widened
+  // to 4 x 6 tiles took 0.99x and 1.00x the time at D = 96, 1.00x at D = 160: not done. fn(nv) for each
+  // panel, in order.
   template <class Fn>
   static void for_each_panel(int64_t vectors, int widest, const Fn& fn) {
     const int64_t count = (vectors + NV - 1) / NV, rest = vectors % NV;

@@ -21,7 +21,9 @@ struct V256 {
   // 6 x 2 ymm of C: 12 accumulators for 2 FMA ports x 4 cycles of latency, plus 2 of B and a
   // broadcast: 15 of the 16 registers.
   static constexpr int kMR = 6, kNV = 2;
-  static constexpr int kNVWide = 2; // no wider panels: 3 vectors would leave 4 rows, 12 accumulators
+  // Panels of up to 3 vectors where n leaves one vector over (n = 40, 72): 4 rows x 3 vectors, the same
+  // 12 accumulators, 3 of B and a broadcast (micro_f32.h, for_each_panel).
+  static constexpr int kNVWide = 3;
 
   static reg zero() { return _mm256_setzero_ps(); }
   static reg set1(float x) { return _mm256_set1_ps(x); }
