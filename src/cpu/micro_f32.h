@@ -24,8 +24,10 @@ struct MicroF32 {
   static constexpr int MR = V::kMR, NV = V::kNV, NVW = V::kNVWide;
   static constexpr int mr_of(int nv) { return nv <= NV ? MR : (V::kRegisters - nv - 1) / nv; }
   static_assert(MR * NV + NV + 1 <= V::kRegisters, "the C tile, a row of B and a broadcast must fit");
-  static_assert(NVW >= NV && mr_of(NVW) * NVW + NVW + 1 <= V::kRegisters && mr_of(NVW) * NVW >= MR * NV,
-                "a wide tile must fit and hold as many accumulators");
+  static_assert((NVW == NV || NVW == NV + 1) && mr_of(NVW) * NVW + NVW + 1 <= V::kRegisters &&
+                    mr_of(NVW) * NVW >= MR * NV,
+                "a panel widens by one vector at most (for_each_panel); its tile must fit and hold as many "
+                "accumulators");
 
   // --- GEMM ----------------------------------------------------------------------------------------
   // C[mr][nv*L] = (acc ? row_scale * C : 0) + A B over kk k: A(r, k) = a[r * ars + k * aks], B(k, x) =
@@ -149,10 +151,10 @@ struct MicroF32 {
 
   // The widths of the column panels of `vectors` vectors of C, at most `widest` (NVW for the f32
   // tiles, NV for the bf16 ones, dot_bf16_micro.h): panels of NV vectors, the last with the rest; but
-  // a rest of one vector joins the panels before it where they can widen to `widest`. With NV = 4 and
-  // NVW = 5 (avx512): 5 vectors (n = 80, D = 80) take one panel of 5 x 5 tiles rather than 6 x 4 and
-  // 6 x 1 (6 accumulators, three quarters of the 8 that cover the FMA latency), 9 take 5 + 4; with NV
-  // = 2 and NVW = 3 (avx2), 5 vectors (n = 40) take 3 + 2. Measured side by side (bench/ab.cpp; Xeon,
+  // a rest of one vector joins the first panel where `widest` lets it widen to NV + 1. With NV = 4
+  // (avx512): 5 vectors (n = 80, D = 80) take one panel of 5 x 5 tiles rather than 6 x 4 and 6 x 1 (6
+  // accumulators, three quarters of the 8 that cover the FMA latency), 9 take 5 + 4; with NV = 2
+  // (avx2), 5 vectors (n = 40) take 3 + 2. Measured side by side (bench/ab.cpp; Xeon,
   // S = 2048, Hq = 16): avx512 at D = 80 (B = 1), the forward and the backward in 0.96x the time;
   // avx2 at D = 40 and 72 (B = 2), 0.96 - 0.98x. A rest of two (6 x 2 tiles, 12 accumulators) widened
   // to 4 x 6 tiles took 0.99x and 1.00x the time at D = 96, 1.00x at D = 160: not done. fn(nv) for each
@@ -160,9 +162,9 @@ struct MicroF32 {
   template <class Fn>
   static void for_each_panel(int64_t vectors, int widest, const Fn& fn) {
     const int64_t count = (vectors + NV - 1) / NV, rest = vectors % NV;
-    if (count > 1 && rest == 1 && vectors <= (count - 1) * widest) {
-      const int64_t panels = count - 1;
-      for (int64_t i = 0; i < panels; ++i) fn(static_cast<int>(vectors / panels + (i < vectors % panels ? 1 : 0)));
+    if (widest > NV && count > 1 && rest == 1) {
+      fn(NV + 1);
+      for (int64_t i = 2; i < count; ++i) fn(NV);
       return;
     }
     for (int64_t i = 0; i < count; ++i) fn(static_cast<int>(i < count - 1 || rest == 0 ? NV : rest));
@@ -170,7 +172,7 @@ struct MicroF32 {
 
   // C[m][n] = (acc ? row_scale[r] * C : 0) + A B with A(r, k) = a[r * ars + k * aks],
   // B(k, x) = b[k * ldb + x], each tile as tile() sums it. Column panels (for_each_panel) outside (the
-  // panel of B stays in cache), row tiles of MR inside. With pf, one of its paced steps per k of each tile.
+  // panel of B stays in cache), row tiles of mr_of(nv) inside. With pf, one of its paced steps per k of each tile.
   static void gemm_fetching(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks,
                             const float* b, int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale,
                             Prefetch* pf) {
@@ -260,7 +262,7 @@ struct MicroF32 {
       const T* row = src + r * lds;
       int64_t c0 = 0;
       for (; c0 + 4 * L <= cols; c0 += 4 * L)
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) acc[i] = V::fma(V::load(row + c0 + i * L, L), zero, acc[i]);
       for (; c0 < cols; c0 += L)
         acc[0] = V::fma(V::load(row + c0, static_cast<int>(min64(L, cols - c0))), zero, acc[0]);
