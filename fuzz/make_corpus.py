@@ -124,6 +124,16 @@ def c_api_seeds():
     # Found by the fuzzer at ae78274: a workspace query for a masked problem with 2^28 query rows
     # timed out in a loop over the rows (cpu/tiles.h: visible_keys_per_row, now in closed form).
     seeds["wide_keys_many_rows"] = base64.b64decode("BQAAAP///w8LBghEAwAAAAAPAAAxAAAAAAAA+wAAAQAAAAAAAAAnAAAAAAAn")
+    # Found by the fuzzer in CI at 79ea97e: one key (Sk = 1) at a row stride of 2^61 elements, which a
+    # dim of size 1 may have, overflowed the backward's prefetch of the key rows (cpu/blocks.h:
+    # Prefetch::rows_of) under UBSan.
+    seeds["far_stride_one_key"] = base64.b64decode("AQABBwABABMVBw8LAgULAgUL7wUAQQsCBQAAAAAAAAD/DwEAAAAAAAAAAA==")
+    # Found by the fuzzer (fixed at 525ca04): f16 on AMX tiles offset a null base while measuring its scratch.
+    seeds["f16-tiles-measured-scratch"] = base64.b64decode("CQABAQkL/wcHAAAADwAAAAAAAAAAe0MBALBgAABfwAJ6akgA")
+    # Found by the fuzzer at 586493f: the forward's fetch of the next item's keys where they have no
+    # elements (cpu/attention.h: fetch_item_rows computes no row address without rows).
+    seeds["forward-fetch-keys-without-elements"] = base64.b64decode(
+        "AACLCwMAATIAAAAAAAAIAIsBAAABAAE6IHZhbHVlIGlzIG5vdCBkZWZpbmVk")
     # 1025 keys against one block of 4 rows (decoding, swapped heads): the forward splits the keys into
     # parts and combines them (cpu/backend.cpp: forward_splits), also under a causal mask on 2 threads.
     seeds["split_keys_decoding"] = c_api_seed(hq=4, group=4, sq=1, sk_wild=11, d=8, dv=8)
@@ -170,6 +180,11 @@ def safetensors_seeds():
         "not_json": st_file('{"a":[1,2,'),
         "size_too_large": struct.pack("<Q", 1 << 40) + b"{}",
         "short": b"\x02\x00\x00",
+        # Found by the fuzzer at ded3dcd (fixed in d52a953): a tensor with no elements and huge dims, which
+        # the writer refused although the reader accepted it.
+        "empty_tensor_huge_dims": base64.b64decode(
+            "TAAAAAAAAAB7ImEiOnsiZHR5cGUiOiJGMzIiLCJzaGFwZSI6WzQ2MTE2ODYwMTg0MjczODc5MDQs"
+            "NCwwXSwiZGF0YV9vZmZzZXRzIjpbMCwwXX19"),
     }
 
 

@@ -243,21 +243,25 @@ TEST_F(Api, RowAlignmentGivesTheSameBits) {
 // Rows that lie apart (BSHD, padded rows, slices, packed QKV) are copied into f32 blocks before the
 // products (cpu/math_f32.h: copies_kv, copies_qdo), or read in place where the forward has few query
 // blocks: either way the same bits as BHSD, whose rows are read in place. Shapes with many query
-// blocks (the forward copies K and V) and with few (it reads them in place), masked and unmasked.
+// blocks (the forward copies K and V) and with few (it reads them in place), masked and unmasked; and
+// with dims of size 1, whose far strides (Layout::far) move no address.
 TEST_F(Api, LayoutsGiveTheSameBits) {
   const flashback::cpu::Tiles f = fbtest::tiles_for(64, 64, false), b = fbtest::tiles_for(64, 64, true);
-  std::vector<Case> cases(3);
+  std::vector<Case> cases(5);
   cases[0].shape = {2, 4, 2, 2 * b.bm + 5, 3 * f.bn + 7, 64, 64};
   cases[1].shape = {1, 4, 4, 2 * f.bm + 1, 2 * b.bn + 3, 48, 80};
   cases[1].opt.causal = true;
   cases[2].shape = {1, 4, 4, 3, 2 * f.bn + 1, 64, 64}; // decoding-like: few query blocks
+  cases[3].shape = {1, 4, 1, 1, f.bn + 3, 64, 1};      // dims of 1 (Layout::far), grouped heads swapped
+  cases[4].shape = {2, 2, 2, 2 * b.bm + 1, 1, 1, 32};  // one key; D = 1
   for (Case c : cases) {
     SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
     const fbtest::Inputs in = inputs_for(c);
     const Outputs contiguous = run(c, in);
     std::vector<Case> others;
     for (fbtest::Layout l :
-         {fbtest::Layout::bshd, fbtest::Layout::padded, fbtest::Layout::slice, fbtest::Layout::reversed}) {
+         {fbtest::Layout::bshd, fbtest::Layout::padded, fbtest::Layout::slice, fbtest::Layout::reversed,
+          fbtest::Layout::far}) {
       Case moved = c;
       moved.layout(l);
       others.push_back(moved);

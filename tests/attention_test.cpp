@@ -507,6 +507,17 @@ TEST_P(Attention, Layouts) {
   only_dk.packed = true;
   only_dk.want_dq = only_dk.want_dv = false;
   cases.push_back(only_dk);
+  // Dims of size 1 at far strides, up to +-2^63 (Layout::far): one batch, kv head, query row or key, and
+  // head dims of 1. A key block of Sk = 1 at a stride of 2^61 overflowed the backward's fetch of the next
+  // item's key rows (cpu/blocks.h: Prefetch::rows_of; found by fuzz_c_api; the second case here, with
+  // items after the first, fails under UBSan in the sanitized suite without the fix).
+  for (Case c : {make_case(1, 2, 1, 1, 1, d, dv), make_case(2, 4, 4, 1, 1, d, dv),
+                 make_case(1, 1, 1, t.bm + 3, 1, 1, 1, kCausal), make_case(1, 4, 1, 1, t.bn + 5, d, dv),
+                 make_case(2, 3, 1, t.bm + 1, t.bn - 1, d, 1, window(2, 1))}) {
+    c.layout(Layout::far);
+    c.rows = Layout::far;
+    cases.push_back(c);
+  }
   check_cases(cases);
 }
 
@@ -668,7 +679,8 @@ class Draw {
     }
   }
   Layout layout() {
-    return of(std::array<Layout, 5>{Layout::bhsd, Layout::bshd, Layout::padded, Layout::slice, Layout::reversed});
+    return of(std::array<Layout, 6>{Layout::bhsd, Layout::bshd, Layout::padded, Layout::slice, Layout::reversed,
+                                    Layout::far});
   }
 
  private:

@@ -156,6 +156,7 @@ const char* layout_name(Layout l) {
     case Layout::padded: return "padded";
     case Layout::slice: return "slice";
     case Layout::reversed: return "reversed";
+    case Layout::far: return "far";
   }
   return "?";
 }
@@ -171,6 +172,15 @@ struct Placement {
   int64_t lead = 0; // offset of element 0 from the end of the front guard
 };
 
+// Far strides for dims of size 1, which never move the address: any int64, the extremes included.
+Placement far_strides(Placement p, const std::vector<int64_t>& shape) {
+  constexpr int64_t kFar[] = {std::numeric_limits<int64_t>::max(), -(int64_t{1} << 62) - 7, (int64_t{1} << 61) + 1,
+                              std::numeric_limits<int64_t>::min()};
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] == 1) p.stride[i] = kFar[i];
+  return p;
+}
+
 Placement place4(Layout l, int64_t b, int64_t h, int64_t s, int64_t x) {
   switch (l) {
     case Layout::bhsd: return {{h * s * x, s * x, x, 1}, 0};
@@ -185,6 +195,7 @@ Placement place4(Layout l, int64_t b, int64_t h, int64_t s, int64_t x) {
     }
     case Layout::reversed: // element [b][h][s] at the mirrored place of a contiguous BHSD buffer
       return {{-h * s * x, -s * x, -x, 1}, std::max<int64_t>(0, ((b * h - 1) * s + s - 1) * x)};
+    case Layout::far: return far_strides(place4(Layout::bhsd, b, h, s, x), {b, h, s, x});
   }
   return {};
 }
@@ -196,6 +207,7 @@ Placement place3(Layout l, int64_t b, int64_t h, int64_t s) {
     case Layout::padded: return {{h * (s + 3) + 1, s + 3, 1}, 5};
     case Layout::slice: return {{(h + 1) * (s + 2), s + 2, 1}, (s + 2) + 1}; // [B, H+1, S+2] from (0, 1, 1)
     case Layout::reversed: return {{-h * s, -s, 1}, std::max<int64_t>(0, (b * h - 1) * s)}; // rows stay in order
+    case Layout::far: return far_strides(place3(Layout::bhsd, b, h, s), {b, h, s});
   }
   return {};
 }

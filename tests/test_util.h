@@ -79,6 +79,8 @@ enum class Layout {
   slice,  // a sub-block of a larger [B, S+3, H+2, X+5] buffer (rank 3: of a [B, H+1, S+2] buffer)
   reversed, // BHSD with B, H and S reversed: negative strides (numpy's x[::-1, ::-1, ::-1]), element 0 last
             // (rank 3: B and H; its last dim, S, is contiguous)
+  far,      // BHSD with every dim of size 1 at a far stride, up to +-2^63: a stride that never moves the
+            // address may be anything (PyTorch's is_contiguous() ignores it)
 };
 const char* layout_name(Layout l);
 
