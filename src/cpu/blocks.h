@@ -117,15 +117,16 @@ struct Prefetch {
     int64_t rows = 0, row_lines = 1, ld = 0;
     int64_t lines() const { return rows * row_lines; }
   };
-  // `rows` rows of `cols` elements from `at`, `ld` elements apart; `bytes` bytes from `at`. The stride of
-  // one row is never used, and may be anything: a dim of size 1 may have any stride (a Sk = 1 key
-  // block with a stride of 2^61 elements overflowed here: found by fuzz_c_api, UBSan's signed overflow).
-  // Over more rows it is bounded by the tensor's byte extent (core/problem.cpp).
+  // `rows` rows of `cols` elements from `at`, `ld` elements apart. The stride of one row is never used,
+  // and may be anything: a dim of size 1 may have any stride (a Sk = 1 key block with a stride of 2^61
+  // elements overflowed here: found by fuzz_c_api, UBSan's signed overflow). Over more rows it is
+  // bounded by the tensor's byte extent (core/problem.cpp).
   template <class E>
   static Region rows_of(const E* at, int64_t ld, int64_t rows, int64_t cols) {
     const auto size = static_cast<int64_t>(sizeof(E));
     return {reinterpret_cast<const char*>(at), rows, (cols * size + 63) / 64, rows > 1 ? ld * size : 0};
   }
+  // `bytes` bytes from `at`.
   static Region packed(const void* at, int64_t bytes) { return {static_cast<const char*>(at), 1, bytes / 64, 0}; }
   // Rows [r0, r0 + rows) of head h of batch b of t, `width` elements each; none without rows, where t
   // may have no elements and no address to compute rows from (Sk = 0, and an address near the top of
