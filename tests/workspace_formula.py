@@ -135,7 +135,7 @@ def f32_sizes(isa, B, Hq, Hk, Sq, Sk, D, Dv, threads):
     BMp, BNp, Dvp = ru(BM, 16), ru(BN, 16), ru(Dv, 16)
     TG, part = forward_common(B, hq, Hk, sq, Sk, Dv, threads, BM, BN)
     F = 1 if 1 <= sq % BM <= 8 else 0
-    fwd = 64 + TG * r(4 * (D * BMp + BN * BMp + BMp * Dvp + 3 * BMp + F * (D * BNp + 8 * BNp))) + part
+    fwd = 64 + TG * r(4 * (D * BMp + BN * BMp + BMp * Dvp + 4 * BMp + F * (D * BNp + 8 * BNp))) + part
     BM, BN = 128, 64
     BNp, Dp = ru(BN, 16), ru(D, 16)
     TG, part = backward_common(B, Hq, Hk, Sq, Sk, D, Dv, threads, BM, BN)

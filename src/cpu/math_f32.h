@@ -144,6 +144,7 @@ struct MathF32 {
   //   st    [BN][BMp]   S^T (raw scores), then P^T, of one tile
   //   oacc  [BMp][Dvp]  unnormalized output rows
   //   m, l, alpha [BMp] running max (raw scores), running sum, rescale factor of this tile
+  //   bmax  [BMp]       the rows' maxima over the tile's keys (raw scores), found by the product S^T
   // and only when the last query block has at most kFewRows rows (has_few_rows):
   //   kt    [D][BNp]    K^T of the key block
   //   s     [kFewRows][BNp] S of the block
@@ -151,7 +152,7 @@ struct MathF32 {
   //   kf [BN][Dp], vf [BN][Dvp]   the key block's K and V in f32
   struct ForwardScratch {
     int64_t bmp, bnp, dp, dvp;
-    float *qt, *st, *oacc, *m, *l, *alpha, *kt, *s, *kf, *vf;
+    float *qt, *st, *oacc, *m, *l, *alpha, *bmax, *kt, *s, *kf, *vf;
 
     ForwardScratch(const core::Problem& p, Tiles t, char* base, int64_t* bytes = nullptr) {
       bmp = round_up(t.bm, kLanes);
@@ -165,6 +166,7 @@ struct MathF32 {
       m = c.floats(bmp);
       l = c.floats(bmp);
       alpha = c.floats(bmp);
+      bmax = c.floats(bmp);
       const bool few = has_few_rows(p, t);
       kt = few ? c.floats(p.head_dim * bnp) : nullptr;
       s = few ? c.floats(kFewRows * bnp) : nullptr;
@@ -240,15 +242,21 @@ struct MathF32 {
                  (mask ? 0 : Micro::k_steps(rows_, dv, cols)));
       // st [cols][rp_] (ld BMp) = K Q^T, then P^T = exp2((S^T - m) * scale * log2(e)). A block of
       // few rows takes S = Q K^T (Q(r, x) = qt[x][r]) and transposes it: each score is the same FMA
-      // chain over D either way, so the same bits.
+      // chain over D either way, so the same bits. Without a mask, S^T's product also finds the rows'
+      // maxima (bmax, its columns' maxima), which the softmax then need not look for in S^T.
+      float* bmax = nullptr;
       if (few) {
         Micro::pack_t(k, ldk, cols, d, s_.kt, s_.bnp, round_up(cols, kLanes));
         Micro::gemm_fetching(rows_, cols, d, s_.qt, 1, s_.bmp, s_.kt, s_.bnp, s_.s, s_.bnp, false, nullptr, pf);
         Micro::pack_t(s_.s, s_.bnp, rows_, cols, s_.st, s_.bmp, rp_);
       } else {
-        Micro::gemm_fetching(cols, rp_, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, false, nullptr, pf);
+        if (!mask) {
+          bmax = s_.bmax;
+          fill(bmax, rp_, -kInf);
+        }
+        Micro::gemm_fetching(cols, rp_, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, false, nullptr, pf, bmax);
       }
-      Micro::softmax_t(s_.st, s_.bmp, rp_, cols, log2_scale(p_), mask, s_.m, s_.l, s_.alpha);
+      Micro::softmax_t(s_.st, s_.bmp, rp_, cols, log2_scale(p_), mask, s_.m, s_.l, s_.alpha, bmax);
       // oacc [rows][Dv] = alpha * oacc + P V   (P(r, c) = st[c][r]); row r sums only the keys it sees
       if (mask)
         Micro::gemm_banded(rows_, dv, cols, s_.st, 1, s_.bmp, v, ldv, s_.oacc, s_.dvp, !first,

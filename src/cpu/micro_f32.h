@@ -39,10 +39,11 @@ struct MicroF32 {
   // bench/torch_sdpa.py accuracy, BENCHMARKS.md). The last vector of each row is masked by `last` when
   // kTail (partial columns), so nothing outside the tile is read or written. kFetch (gemm_fetching): one
   // of pf's paced steps per k. A compile-time choice: a test of pf per k cost the f32 attention 3-5% of
-  // its time (Zen 4, side by side).
+  // its time (Zen 4, side by side). With col_max, col_max[x] = max(col_max[x], max_r C[r][x]) for the
+  // tile's columns, from the registers (col_maxima).
   template <int mr, int nv, bool kTail, bool kFetch>
   static void tile(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb, int64_t kk, float* c,
-                   int64_t ldc, bool acc, const float* row_scale, K last, Prefetch* pf) {
+                   int64_t ldc, bool acc, const float* row_scale, K last, Prefetch* pf, float* col_max) {
     R cr[mr][nv];
 #pragma GCC unroll 8
     for (int r = 0; r < mr; ++r)
@@ -67,6 +68,29 @@ struct MicroF32 {
     }
     if (acc) add_c<mr, nv, kTail>(cr, c, ldc, row_scale, last);
     store_c<mr, nv, kTail>(cr, c, ldc, last);
+    if (col_max) col_maxima<mr, nv, kTail>(cr, col_max, last);
+  }
+
+  // col_max[v * L + i] = max(col_max[v * L + i], cr[r][v][i] over r): the forward's S^T = K Q^T has a
+  // query row in each lane, so these are the rows' maxima over the tile's keys, which the online
+  // softmax needs before its exponentials (softmax_t's block_max). Taken here, from the registers, they
+  // take as many maxima as the softmax's pass did, but not its reads of S^T back from cache: f32
+  // forward 0.975x the time at D = 64 and 0.989x at D = 128 (Xeon, avx512, B = 1, Hq = 16, S = 2048,
+  // 150 rounds side by side; BENCHMARKS.md). A maximum is exact, so the results are the pass's bits (a
+  // row with a NaN score is NaN either way).
+  template <int mr, int nv, bool kTail>
+  [[gnu::always_inline]] static inline void col_maxima(R (&cr)[mr][nv], float* col_max, K last) {
+#pragma GCC unroll 8
+    for (int v = 0; v < nv; ++v) {
+      R mx = cr[0][v];
+#pragma GCC unroll 8
+      for (int r = 1; r < mr; ++r) mx = V::max(mx, cr[r][v]);
+      float* p = col_max + v * L;
+      if (kTail && v == nv - 1)
+        V::store_masked(p, last, V::max(V::load_masked(p, last), mx));
+      else
+        V::storeu(p, V::max(V::loadu(p), mx));
+    }
   }
 
   // The C tile's vector (r, v) from memory, the last vector of each row masked by `last` when kTail.
@@ -113,7 +137,7 @@ struct MicroF32 {
   }
 
   using TileFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*, int64_t, bool,
-                          const float*, K, Prefetch*);
+                          const float*, K, Prefetch*, float*);
 
   // The instantiation for (mr, nv, tail); a chain of compares, once per tile of thousands of FMAs.
   // Only mr <= mr_of(nv) is instantiated (for_each_tile asks for no other).
@@ -173,13 +197,14 @@ struct MicroF32 {
   // C[m][n] = (acc ? row_scale[r] * C : 0) + A B with A(r, k) = a[r * ars + k * aks],
   // B(k, x) = b[k * ldb + x], each tile as tile() sums it. Column panels (for_each_panel) outside (the
   // panel of B stays in cache), row tiles of mr_of(nv) inside. With pf, one of its paced steps per k of each tile.
+  // With col_max, col_max[x] = max(col_max[x], max over r < m of C[r][x]) for x < n (tile: col_maxima).
   static void gemm_fetching(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks,
                             const float* b, int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale,
-                            Prefetch* pf) {
+                            Prefetch* pf, float* col_max = nullptr) {
     for_each_tile<NVW>(m, n, [&](int64_t r0, int64_t mr, int64_t c0, int nv, bool tail, K last) {
-      pick_tile(static_cast<int>(mr), nv, tail, pf != nullptr)(a + r0 * ars, ars, aks, b + c0, ldb, kk,
-                                                               c + r0 * ldc + c0, ldc, acc,
-                                                               row_scale ? row_scale + r0 : nullptr, last, pf);
+      pick_tile(static_cast<int>(mr), nv, tail, pf != nullptr)(
+          a + r0 * ars, ars, aks, b + c0, ldb, kk, c + r0 * ldc + c0, ldc, acc, row_scale ? row_scale + r0 : nullptr,
+          last, pf, col_max ? col_max + c0 : nullptr);
     });
   }
   static void gemm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
@@ -273,13 +298,15 @@ struct MicroF32 {
   // --- Softmax pieces ------------------------------------------------------------------------------
   // One online-softmax step on S^T [cols][ld], rows in lanes; see ScalarMicro::softmax_t.
   static void softmax_t(float* st, int64_t ld, int64_t rows, int64_t cols, float mul, const Mask* mask, float* m,
-                        float* l, float* alpha) {
+                        float* l, float* alpha, const float* block_max = nullptr) {
     const R neg_inf = V::set1(-kInf), vmul = V::set1(mul);
     for (int64_t r0 = 0; r0 < rows; r0 += L) {
       // Two running maxima and sums: the dependency chains are 4 cycles long.
       R mx0 = V::loadu(m + r0), mx1 = mx0;
       int64_t c = 0;
-      if (mask) {
+      if (block_max) {
+        mx0 = V::max(mx0, V::loadu(block_max + r0));
+      } else if (mask) {
         for (; c < cols; ++c) {
           // lane i is row r0 + i: visible iff lo <= c - r0 - i <= hi
           const K vis = V::in_band(static_cast<int32_t>(c - r0), -1, mask->lo, mask->hi);

@@ -39,11 +39,16 @@ struct ScalarMicro {
   }
 
   // gemm without the paced steps of a fetch ahead: its lines all go after the products (math_f32.h).
+  // With col_max, col_max[x] = max(col_max[x], max over r < m of C[r][x]) for x < n: the forward's row
+  // maxima of S^T, for softmax_t's block_max.
   static int64_t k_steps(int64_t, int64_t, int64_t) { return 0; }
   static void gemm_fetching(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks,
                             const float* b, int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale,
-                            Prefetch*) {
+                            Prefetch*, float* col_max = nullptr) {
     gemm(m, n, kk, a, ars, aks, b, ldb, c, ldc, acc, row_scale);
+    if (!col_max) return;
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t x = 0; x < n; ++x) col_max[x] = c[r * ldc + x] > col_max[x] ? c[r * ldc + x] : col_max[x];
   }
 
   // gemm where row i sums only over k in [i + lo, i + hi]: see blocks.h.
@@ -78,15 +83,21 @@ struct ScalarMicro {
   // [0, rows), with mul = scale * log2(e) > 0: updates the running max m of the raw scores and the sum
   // l, writes alpha = exp2((m_old - m_new) mul), and overwrites S^T with P^T = exp2((S^T - m_new) mul),
   // which is exactly 1 at the max. A row that has seen no visible key yet keeps m = -inf and gets P = 0.
+  // block_max (only without a mask): the rows' maxima over this block's keys, max_c S^T[c][r], which
+  // the product found (gemm_fetching's col_max); then they are not looked for again here.
   static void softmax_t(float* st, int64_t ld, int64_t rows, int64_t cols, float mul, const Mask* mask, float* m,
-                        float* l, float* alpha) {
+                        float* l, float* alpha, const float* block_max = nullptr) {
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
     for (int64_t r = 0; r < rows; ++r) {
       float mx = m[r];
-      for (int64_t c = 0; c < cols; ++c) {
-        float& x = st[c * ld + r];
-        if (!visible(mask, r, c)) x = kNegInf;
-        mx = (x > mx ? x : mx);
+      if (block_max) {
+        mx = (block_max[r] > mx ? block_max[r] : mx);
+      } else {
+        for (int64_t c = 0; c < cols; ++c) {
+          float& x = st[c * ld + r];
+          if (!visible(mask, r, c)) x = kNegInf;
+          mx = (x > mx ? x : mx);
+        }
       }
       const float ref = mx == kNegInf ? 0.0f : mx;
       alpha[r] = std::exp2((m[r] - ref) * mul);
