@@ -77,7 +77,8 @@ struct MicroF32 {
   // take as many maxima as the softmax's pass did, but not its reads of S^T back from cache: f32
   // forward 0.975x the time at D = 64 and 0.989x at D = 128 (Xeon, avx512, B = 1, Hq = 16, S = 2048,
   // 150 rounds side by side; BENCHMARKS.md). A maximum is exact, so the results are the pass's bits (a
-  // row with a NaN score is NaN either way).
+  // row with a NaN score is NaN either way). The forward's columns are its rows rounded up to 16, never
+  // a partial vector; the masked branch keeps col_max right for any n all the same.
   template <int mr, int nv, bool kTail>
   [[gnu::always_inline]] static inline void col_maxima(R (&cr)[mr][nv], float* col_max, K last) {
 #pragma GCC unroll 8
