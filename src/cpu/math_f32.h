@@ -250,11 +250,13 @@ struct MathF32 {
         Micro::gemm_fetching(rows_, cols, d, s_.qt, 1, s_.bmp, s_.kt, s_.bnp, s_.s, s_.bnp, false, nullptr, pf);
         Micro::pack_t(s_.s, s_.bnp, rows_, cols, s_.st, s_.bmp, rp_);
       } else {
-        if (!mask) {
+        if (mask) {
+          Micro::gemm_fetching(cols, rp_, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, false, nullptr, pf);
+        } else {
           bmax = s_.bmax;
           fill(bmax, rp_, -kInf);
+          Micro::gemm_col_max(cols, rp_, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, bmax, pf);
         }
-        Micro::gemm_fetching(cols, rp_, d, k, ldk, 1, s_.qt, s_.bmp, s_.st, s_.bmp, false, nullptr, pf, bmax);
       }
       Micro::softmax_t(s_.st, s_.bmp, rp_, cols, log2_scale(p_), mask, s_.m, s_.l, s_.alpha, bmax);
       // oacc [rows][Dv] = alpha * oacc + P V   (P(r, c) = st[c][r]); row r sums only the keys it sees

@@ -39,12 +39,10 @@ struct MicroF32 {
   // bench/torch_sdpa.py accuracy, BENCHMARKS.md). The last vector of each row is masked by `last` when
   // kTail (partial columns), so nothing outside the tile is read or written. kFetch (gemm_fetching): one
   // of pf's paced steps per k. A compile-time choice: a test of pf per k cost the f32 attention 3-5% of
-  // its time (Zen 4, side by side). With col_max, col_max[x] = max(col_max[x], max_r C[r][x]) for the
-  // tile's columns, from the registers (col_maxima).
+  // its time (Zen 4, side by side). `sum` is the product in registers, which tile and tile_max share.
   template <int mr, int nv, bool kTail, bool kFetch>
-  static void tile(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb, int64_t kk, float* c,
-                   int64_t ldc, bool acc, const float* row_scale, K last, Prefetch* pf, float* col_max) {
-    R cr[mr][nv];
+  [[gnu::always_inline]] static inline void sum(R (&cr)[mr][nv], const float* a, int64_t ars, int64_t aks,
+                                                const float* b, int64_t ldb, int64_t kk, K last, Prefetch* pf) {
 #pragma GCC unroll 8
     for (int r = 0; r < mr; ++r)
 #pragma GCC unroll 8
@@ -66,31 +64,68 @@ struct MicroF32 {
         for (int v = 0; v < nv; ++v) cr[r][v] = V::fma(av, bv[v], cr[r][v]);
       }
     }
+  }
+  template <int mr, int nv, bool kTail, bool kFetch>
+  static void tile(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb, int64_t kk, float* c,
+                   int64_t ldc, bool acc, const float* row_scale, K last, Prefetch* pf) {
+    R cr[mr][nv];
+    sum<mr, nv, kTail, kFetch>(cr, a, ars, aks, b, ldb, kk, last, pf);
     if (acc) add_c<mr, nv, kTail>(cr, c, ldc, row_scale, last);
     store_c<mr, nv, kTail>(cr, c, ldc, last);
-    if (col_max) col_maxima<mr, nv, kTail>(cr, col_max, last);
+  }
+
+  // C[mr][nv*L] = A B, as tile() with acc false, and col_max[x] = max(col_max[x], max_r C[r][x]) for the
+  // tile's columns, from the registers (col_maxima); whole vectors only. A function of its own rather
+  // than a case of tile(), whose every call would then take a pointer more and test it: so the f32
+  // forward took 0.981x and 0.983x the time of that form at D = 64 and 128 (150 rounds side by side).
+  template <int mr, int nv, bool kFetch>
+  static void tile_max(const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb, int64_t kk, float* c,
+                       int64_t ldc, float* col_max, Prefetch* pf) {
+    R cr[mr][nv];
+    const K all = V::first_lanes(L);
+    sum<mr, nv, false, kFetch>(cr, a, ars, aks, b, ldb, kk, all, pf);
+    store_c<mr, nv, false>(cr, c, ldc, all);
+    col_maxima<mr, nv>(cr, col_max);
+  }
+  using TileMaxFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*, int64_t, float*,
+                             Prefetch*);
+  // tile_max's instantiation for (mr, nv, fetch), as pick_tile below.
+  template <int mr, int nv = 1>
+  static TileMaxFn pick_max_nv(int want_nv, bool fetch) {
+    if constexpr (nv > NVW) {
+      return nullptr;
+    } else {
+      if constexpr (mr <= mr_of(nv)) {
+        if (want_nv == nv) return fetch ? &tile_max<mr, nv, true> : &tile_max<mr, nv, false>;
+      }
+      return pick_max_nv<mr, nv + 1>(want_nv, fetch);
+    }
+  }
+  template <int mr = 1>
+  static TileMaxFn pick_max(int want_mr, int want_nv, bool fetch) {
+    if constexpr (mr > MR) {
+      return nullptr;
+    } else {
+      if (want_mr == mr) return pick_max_nv<mr>(want_nv, fetch);
+      return pick_max<mr + 1>(want_mr, want_nv, fetch);
+    }
   }
 
   // col_max[v * L + i] = max(col_max[v * L + i], cr[r][v][i] over r): the forward's S^T = K Q^T has a
   // query row in each lane, so these are the rows' maxima over the tile's keys, which the online
   // softmax needs before its exponentials (softmax_t's block_max). Taken here, from the registers, they
   // take as many maxima as the softmax's pass did, but not its reads of S^T back from cache: f32
-  // forward 0.975x the time at D = 64 and 0.989x at D = 128 (Xeon, avx512, B = 1, Hq = 16, S = 2048,
-  // 150 rounds side by side; BENCHMARKS.md). A maximum is exact, so the results are the pass's bits (a
-  // row with a NaN score is NaN either way). The forward's columns are its rows rounded up to 16, never
-  // a partial vector; the masked branch keeps col_max right for any n all the same.
-  template <int mr, int nv, bool kTail>
-  [[gnu::always_inline]] static inline void col_maxima(R (&cr)[mr][nv], float* col_max, K last) {
+  // forward 0.95 - 0.96x the time at D = 64 and 0.97x at D = 128 (Xeon, avx512, B = 1, Hq = 16, S =
+  // 2048 and 4096, side by side; BENCHMARKS.md). A maximum is exact, so the results are the pass's bits (a
+  // row with a NaN score is NaN either way).
+  template <int mr, int nv>
+  [[gnu::always_inline]] static inline void col_maxima(R (&cr)[mr][nv], float* col_max) {
 #pragma GCC unroll 8
     for (int v = 0; v < nv; ++v) {
       R mx = cr[0][v];
 #pragma GCC unroll 8
       for (int r = 1; r < mr; ++r) mx = V::max(mx, cr[r][v]);
-      float* p = col_max + v * L;
-      if (kTail && v == nv - 1)
-        V::store_masked(p, last, V::max(V::load_masked(p, last), mx));
-      else
-        V::storeu(p, V::max(V::loadu(p), mx));
+      V::storeu(col_max + v * L, V::max(V::loadu(col_max + v * L), mx));
     }
   }
 
@@ -138,7 +173,7 @@ struct MicroF32 {
   }
 
   using TileFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*, int64_t, bool,
-                          const float*, K, Prefetch*, float*);
+                          const float*, K, Prefetch*);
 
   // The instantiation for (mr, nv, tail); a chain of compares, once per tile of thousands of FMAs.
   // Only mr <= mr_of(nv) is instantiated (for_each_tile asks for no other).
@@ -198,14 +233,23 @@ struct MicroF32 {
   // C[m][n] = (acc ? row_scale[r] * C : 0) + A B with A(r, k) = a[r * ars + k * aks],
   // B(k, x) = b[k * ldb + x], each tile as tile() sums it. Column panels (for_each_panel) outside (the
   // panel of B stays in cache), row tiles of mr_of(nv) inside. With pf, one of its paced steps per k of each tile.
-  // With col_max, col_max[x] = max(col_max[x], max over r < m of C[r][x]) for x < n (tile: col_maxima).
   static void gemm_fetching(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks,
                             const float* b, int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale,
-                            Prefetch* pf, float* col_max = nullptr) {
+                            Prefetch* pf) {
     for_each_tile<NVW>(m, n, [&](int64_t r0, int64_t mr, int64_t c0, int nv, bool tail, K last) {
-      pick_tile(static_cast<int>(mr), nv, tail, pf != nullptr)(
-          a + r0 * ars, ars, aks, b + c0, ldb, kk, c + r0 * ldc + c0, ldc, acc, row_scale ? row_scale + r0 : nullptr,
-          last, pf, col_max ? col_max + c0 : nullptr);
+      pick_tile(static_cast<int>(mr), nv, tail, pf != nullptr)(a + r0 * ars, ars, aks, b + c0, ldb, kk,
+                                                               c + r0 * ldc + c0, ldc, acc,
+                                                               row_scale ? row_scale + r0 : nullptr, last, pf);
+    });
+  }
+  // C[m][n] = A B (gemm_fetching with acc false), and col_max[x] = max(col_max[x], max over r < m of
+  // C[r][x]) for x < n, taken by each tile from its registers (tile_max). n must be a multiple of L: the
+  // forward's n, its rows rounded up to 16, always is.
+  static void gemm_col_max(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
+                           int64_t ldb, float* c, int64_t ldc, float* col_max, Prefetch* pf) {
+    for_each_tile<NVW>(m, n, [&](int64_t r0, int64_t mr, int64_t c0, int nv, bool, K) {
+      pick_max(static_cast<int>(mr), nv, pf != nullptr)(a + r0 * ars, ars, aks, b + c0, ldb, kk, c + r0 * ldc + c0,
+                                                        ldc, col_max + c0, pf);
     });
   }
   static void gemm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,

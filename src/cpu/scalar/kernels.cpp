@@ -39,14 +39,17 @@ struct ScalarMicro {
   }
 
   // gemm without the paced steps of a fetch ahead: its lines all go after the products (math_f32.h).
-  // With col_max, col_max[x] = max(col_max[x], max over r < m of C[r][x]) for x < n: the forward's row
-  // maxima of S^T, for softmax_t's block_max.
   static int64_t k_steps(int64_t, int64_t, int64_t) { return 0; }
   static void gemm_fetching(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks,
                             const float* b, int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale,
-                            Prefetch*, float* col_max = nullptr) {
+                            Prefetch*) {
     gemm(m, n, kk, a, ars, aks, b, ldb, c, ldc, acc, row_scale);
-    if (!col_max) return;
+  }
+  // C = A B, and col_max[x] = max(col_max[x], max over r < m of C[r][x]) for x < n: the forward's row
+  // maxima of S^T, for softmax_t's block_max.
+  static void gemm_col_max(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
+                           int64_t ldb, float* c, int64_t ldc, float* col_max, Prefetch* pf) {
+    gemm_fetching(m, n, kk, a, ars, aks, b, ldb, c, ldc, false, nullptr, pf);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t x = 0; x < n; ++x) col_max[x] = c[r * ldc + x] > col_max[x] ? c[r * ldc + x] : col_max[x];
   }
