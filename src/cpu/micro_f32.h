@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "cpu/blocks.h"
 #include "cpu/tiles.h"
@@ -87,29 +88,6 @@ struct MicroF32 {
     store_c<mr, nv, false>(cr, c, ldc, all);
     col_maxima<mr, nv>(cr, col_max);
   }
-  using TileMaxFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*, int64_t, float*,
-                             Prefetch*);
-  // tile_max's instantiation for (mr, nv, fetch), as pick_tile below.
-  template <int mr, int nv = 1>
-  static TileMaxFn pick_max_nv(int want_nv, bool fetch) {
-    if constexpr (nv > NVW) {
-      return nullptr;
-    } else {
-      if constexpr (mr <= mr_of(nv)) {
-        if (want_nv == nv) return fetch ? &tile_max<mr, nv, true> : &tile_max<mr, nv, false>;
-      }
-      return pick_max_nv<mr, nv + 1>(want_nv, fetch);
-    }
-  }
-  template <int mr = 1>
-  static TileMaxFn pick_max(int want_mr, int want_nv, bool fetch) {
-    if constexpr (mr > MR) {
-      return nullptr;
-    } else {
-      if (want_mr == mr) return pick_max_nv<mr>(want_nv, fetch);
-      return pick_max<mr + 1>(want_mr, want_nv, fetch);
-    }
-  }
 
   // col_max[v * L + i] = max(col_max[v * L + i], cr[r][v][i] over r): the forward's S^T = K Q^T has a
   // query row in each lane, so these are the rows' maxima over the tile's keys, which the online
@@ -175,29 +153,32 @@ struct MicroF32 {
   using TileFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*, int64_t, bool,
                           const float*, K, Prefetch*);
 
-  // The instantiation for (mr, nv, tail); a chain of compares, once per tile of thousands of FMAs.
-  // Only mr <= mr_of(nv) is instantiated (for_each_tile asks for no other).
-  template <int mr, int nv = 1>
-  static TileFn pick_nv(int want_nv, bool tail, bool fetch) {
+  using TileMaxFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*, int64_t, float*,
+                             Prefetch*);
+
+  // The instantiation for (want_mr, want_nv) that make.template operator()<mr, nv>() returns (tile's or
+  // tile_max's, the other template arguments chosen there); a chain of compares, once per tile of
+  // thousands of FMAs. Only mr <= mr_of(nv) is instantiated (for_each_tile asks for no other).
+  template <class Make>
+  using Picked = decltype(std::declval<const Make&>().template operator()<1, 1>());
+  template <int mr, int nv = 1, class Make>
+  static Picked<Make> pick_nv(int want_nv, const Make& make) {
     if constexpr (nv > NVW) {
       return nullptr;
     } else {
       if constexpr (mr <= mr_of(nv)) {
-        if (want_nv == nv) {
-          if (fetch) return tail ? &tile<mr, nv, true, true> : &tile<mr, nv, false, true>;
-          return tail ? &tile<mr, nv, true, false> : &tile<mr, nv, false, false>;
-        }
+        if (want_nv == nv) return make.template operator()<mr, nv>();
       }
-      return pick_nv<mr, nv + 1>(want_nv, tail, fetch);
+      return pick_nv<mr, nv + 1>(want_nv, make);
     }
   }
-  template <int mr = 1>
-  static TileFn pick_tile(int want_mr, int want_nv, bool tail, bool fetch) {
+  template <int mr = 1, class Make>
+  static Picked<Make> pick_tile(int want_mr, int want_nv, const Make& make) {
     if constexpr (mr > MR) {
       return nullptr;
     } else {
-      if (want_mr == mr) return pick_nv<mr>(want_nv, tail, fetch);
-      return pick_tile<mr + 1>(want_mr, want_nv, tail, fetch);
+      if (want_mr == mr) return pick_nv<mr>(want_nv, make);
+      return pick_tile<mr + 1>(want_mr, want_nv, make);
     }
   }
 
@@ -236,10 +217,14 @@ struct MicroF32 {
   static void gemm_fetching(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks,
                             const float* b, int64_t ldb, float* c, int64_t ldc, bool acc, const float* row_scale,
                             Prefetch* pf) {
+    const bool fetch = pf != nullptr;
     for_each_tile<NVW>(m, n, [&](int64_t r0, int64_t mr, int64_t c0, int nv, bool tail, K last) {
-      pick_tile(static_cast<int>(mr), nv, tail, pf != nullptr)(a + r0 * ars, ars, aks, b + c0, ldb, kk,
-                                                               c + r0 * ldc + c0, ldc, acc,
-                                                               row_scale ? row_scale + r0 : nullptr, last, pf);
+      const TileFn fn = pick_tile(static_cast<int>(mr), nv, [&]<int r, int v>() -> TileFn {
+        if (fetch) return tail ? &tile<r, v, true, true> : &tile<r, v, false, true>;
+        return tail ? &tile<r, v, true, false> : &tile<r, v, false, false>;
+      });
+      fn(a + r0 * ars, ars, aks, b + c0, ldb, kk, c + r0 * ldc + c0, ldc, acc, row_scale ? row_scale + r0 : nullptr,
+         last, pf);
     });
   }
   // C[m][n] = A B (gemm_fetching with acc false), and col_max[x] = max(col_max[x], max over r < m of
@@ -247,9 +232,12 @@ struct MicroF32 {
   // forward's n, its rows rounded up to 16, always is.
   static void gemm_col_max(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,
                            int64_t ldb, float* c, int64_t ldc, float* col_max, Prefetch* pf) {
+    const bool fetch = pf != nullptr;
     for_each_tile<NVW>(m, n, [&](int64_t r0, int64_t mr, int64_t c0, int nv, bool, K) {
-      pick_max(static_cast<int>(mr), nv, pf != nullptr)(a + r0 * ars, ars, aks, b + c0, ldb, kk, c + r0 * ldc + c0,
-                                                        ldc, col_max + c0, pf);
+      const TileMaxFn fn = pick_tile(static_cast<int>(mr), nv, [&]<int r, int v>() -> TileMaxFn {
+        return fetch ? &tile_max<r, v, true> : &tile_max<r, v, false>;
+      });
+      fn(a + r0 * ars, ars, aks, b + c0, ldb, kk, c + r0 * ldc + c0, ldc, col_max + c0, pf);
     });
   }
   static void gemm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t ars, int64_t aks, const float* b,

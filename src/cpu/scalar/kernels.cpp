@@ -87,7 +87,7 @@ struct ScalarMicro {
   // l, writes alpha = exp2((m_old - m_new) mul), and overwrites S^T with P^T = exp2((S^T - m_new) mul),
   // which is exactly 1 at the max. A row that has seen no visible key yet keeps m = -inf and gets P = 0.
   // block_max (only without a mask): the rows' maxima over this block's keys, max_c S^T[c][r], which
-  // the product found (gemm_fetching's col_max); then they are not looked for again here.
+  // the product found (gemm_col_max); then they are not looked for again here.
   static void softmax_t(float* st, int64_t ld, int64_t rows, int64_t cols, float mul, const Mask* mask, float* m,
                         float* l, float* alpha, const float* block_max = nullptr) {
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
