@@ -53,7 +53,7 @@ Case grouped_blocks() {
 // share (cpu/backend.cpp: forward_splits).
 Case split_keys() {
   Case c;
-  c.shape = {1, 8, 2, 1, 10 * 8 * fbtest::tiles_for(64, 64, false).bn + 3, 64, 64};
+  c.shape = {1, 8, 2, 1, 10 * 8 * fbtest::tiles_for(64, 64, false, FB_F32, flashback::cpu::Keys::few).bn + 3, 64, 64};
   return c;
 }
 
@@ -281,9 +281,10 @@ TEST_F(Api, LayoutsGiveTheSameBits) {
 
 // Decoding with grouped heads is swapped into one block of the group's heads per kv head
 // (cpu/backend.cpp: swap_decoding_heads) only when the lse rows of a group are adjacent: lse and delta
-// in the padded layout keep the heads apart. Both give the same bits, at 1 and 2 threads.
+// in the padded layout keep the heads apart. Both give the same bits, at 1 and 2 threads, in each dtype
+// of the level: both take the same tiles (cpu/tiles.h: few_query_rows), a group of 20 heads too.
 TEST_F(Api, DecodingHeadsSwappedGiveTheSameBits) {
-  const flashback::cpu::Tiles f = fbtest::tiles_for(64, 64, false);
+  const flashback::cpu::Tiles f = fbtest::tiles_for(64, 64, false, FB_F32, flashback::cpu::Keys::few);
   std::vector<Case> cases(5);
   cases[4] = split_keys(); // and split keys: the same parts either way
   ASSERT_GT(fbtest::forward_splits_of(cases[4]), 1);
@@ -293,8 +294,9 @@ TEST_F(Api, DecodingHeadsSwappedGiveTheSameBits) {
   cases[2].shape = {1, 40, 2, 1, f.bn + 7, 32, 32}; // G = 20: a block of the main path
   cases[3].shape = {2, 4, 1, 1, 3 * f.bn, 64, 64};
   cases[3].opt.window_right = 5; // leaves every key: swapped
-  for (Case c : cases) {
-    for (int threads : {1, 2}) {
+  for (fb_dtype dtype : fbtest::level_dtypes())
+    for (Case c : cases) for (int threads : {1, 2}) {
+      c.dtype = dtype;
       c.threads = threads;
       SCOPED_TRACE(c.describe() + "; " + fbtest::seed_note());
       const fbtest::Inputs in = inputs_for(c);
@@ -303,7 +305,6 @@ TEST_F(Api, DecodingHeadsSwappedGiveTheSameBits) {
       apart.rows = fbtest::Layout::padded;
       expect_same_bits(swapped, run(apart, fbtest::copy_of(apart, in)));
     }
-  }
 }
 
 TEST_F(Api, ThreadCountsGiveTheSameBits) {

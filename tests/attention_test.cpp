@@ -249,23 +249,26 @@ std::vector<Case> sequence_length_cases(flashback::cpu::Tiles t, int64_t d = 64)
   return cases;
 }
 
-// Levels whose forward takes wider tiles at larger head dims (tiles.h: avx2 at D >= 128), and f16
-// where it runs the AMX tiles from head dims of 64 up (fbtest::f16_tiles), sweep at D = 128 too; and
-// where problems with wide key blocks take other tiles (tiles.h: the amx forward), around those too.
+// Sweeps around each distinct pair of tiles and head dim: at D = 64, and at D = 128 where a level's
+// forward takes other tiles there (tiles.h: avx2 and avx512 at D >= 128) or f16 runs the AMX tiles
+// from head dims of 64 up (fbtest::f16_tiles); for each kind of key blocks the forward takes (tiles.h:
+// forward_keys: masked problems, wide ones, decoding).
 std::vector<Case> sequence_length_sweep(fb_dtype dtype, bool backward) {
+  using flashback::cpu::Keys;
   std::vector<Case> cases;
+  std::vector<std::pair<flashback::cpu::Tiles, int64_t>> swept;
   auto add = [&](flashback::cpu::Tiles t, int64_t d) {
+    for (const auto& s : swept)
+      if (s.first == t && s.second == d) return;
+    swept.emplace_back(t, d);
     const std::vector<Case> more = sequence_length_cases(t, d);
     cases.insert(cases.end(), more.begin(), more.end());
   };
-  for (bool wide_keys : {false, true}) {
-    const flashback::cpu::Tiles t = fbtest::tiles_for(64, 64, backward, dtype, wide_keys);
-    const flashback::cpu::Tiles wide = fbtest::tiles_for(128, 128, backward, dtype, wide_keys);
-    if (wide_keys && t == fbtest::tiles_for(64, 64, backward, dtype) &&
-        wide == fbtest::tiles_for(128, 128, backward, dtype))
-      break; // the same tiles either way
+  for (Keys keys : {Keys::usual, Keys::wide, Keys::few}) {
+    const flashback::cpu::Tiles t = fbtest::tiles_for(64, 64, backward, dtype, keys);
+    const flashback::cpu::Tiles at128 = fbtest::tiles_for(128, 128, backward, dtype, keys);
     add(t, 64);
-    if (wide != t || (dtype == FB_F16 && fbtest::f16_tiles())) add(wide, 128);
+    if (at128 != t || (dtype == FB_F16 && fbtest::f16_tiles())) add(at128, 128);
   }
   return cases;
 }
@@ -276,19 +279,33 @@ TEST_P(Attention, SequenceLengthsAroundBackwardTiles) { check_cases(sequence_len
 
 // Masks that show each row enough keys on average that the bf16 forward takes wide key blocks
 // (tiles.h: wide_keys, kWideMaskedKeys), over many of them and a remainder: causal with Sq = Sk, Sq <
-// Sk, Sq > Sk (the first rows see no key), and a window open on both sides.
+// Sk, Sq > Sk (the first rows see no key), and a window open on both sides. Where the level's wide
+// tiles differ only from head dims of 128 (tiles.h: avx512), short query sides against long keys there.
 TEST_P(Attention, MaskedWideKeyBlocks) {
+  using flashback::cpu::Keys;
   if (GetParam() != FB_BF16) GTEST_SKIP() << "only bf16 takes wide key blocks under a mask";
   // Elsewhere these are long causal problems as other tests run them, which took 11% of the suite's
   // time (9% sanitized) at the levels that do not take wide key blocks.
-  if (fbtest::tiles_for(16, 16, false, FB_BF16, false) == fbtest::tiles_for(16, 16, false, FB_BF16, true))
-    GTEST_SKIP() << "this level's bf16 forward takes the same tiles with wide key blocks (tiles.h: choose_tiles)";
-  std::vector<Case> cases = {
-      make_case(1, 1, 1, 4096 + 129, 4096 + 129, 16, 16, kCausal),
-      make_case(1, 1, 1, 2100, 4096 + 255, 16, 16, kCausal),
-      make_case(1, 1, 1, 4300, 4250, 16, 16, kCausal),
-      make_case(1, 1, 1, 4096 + 129, 4096 + 129, 16, 16, window(3000, 200)),
+  auto differ = [](int64_t d) {
+    return fbtest::tiles_for(d, d, false, FB_BF16, Keys::usual) != fbtest::tiles_for(d, d, false, FB_BF16, Keys::wide);
   };
+  std::vector<Case> cases;
+  if (differ(16)) {
+    cases = {
+        make_case(1, 1, 1, 4096 + 129, 4096 + 129, 16, 16, kCausal),
+        make_case(1, 1, 1, 2100, 4096 + 255, 16, 16, kCausal),
+        make_case(1, 1, 1, 4300, 4250, 16, 16, kCausal),
+        make_case(1, 1, 1, 4096 + 129, 4096 + 129, 16, 16, window(3000, 200)),
+    };
+  } else if (differ(128)) {
+    const int64_t sq = 5 * fbtest::tiles_for(128, 128, false, FB_BF16, Keys::wide).bm + 7;
+    cases = {
+        make_case(1, 1, 1, sq, 4096 + 129, 128, 128, kCausal),
+        make_case(1, 1, 1, sq, 4096 + 255, 128, 128, window(3000, 200)),
+    };
+  } else {
+    GTEST_SKIP() << "this level's bf16 forward takes the same tiles with wide key blocks (tiles.h: choose_tiles)";
+  }
   for (Case& c : cases) {
     c.dtype = FB_BF16;
     ASSERT_TRUE(fbtest::forward_wide_keys(c)) << c.describe();

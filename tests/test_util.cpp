@@ -140,11 +140,12 @@ int64_t forward_splits_of(const Case& c) { return flashback::cpu::forward_splits
 int64_t backward_splits_of(const Case& c) { return flashback::cpu::backward_splits(sizes_of(c)); }
 bool forward_wide_keys(const Case& c) { return flashback::cpu::wide_keys(sizes_of(c)); }
 
-flashback::cpu::Tiles tiles_for(int64_t head_dim, int64_t head_dim_v, bool backward, fb_dtype dtype, bool wide) {
+flashback::cpu::Tiles tiles_for(int64_t head_dim, int64_t head_dim_v, bool backward, fb_dtype dtype,
+                                flashback::cpu::Keys keys) {
   using namespace flashback::cpu;
   const Isa isa =
       kernels_for(active_isa(), static_cast<flashback::core::DType>(dtype), std::max(head_dim, head_dim_v)).isa;
-  return choose_tiles(isa, head_dim, head_dim_v, backward, wide);
+  return choose_tiles(isa, head_dim, head_dim_v, backward, keys);
 }
 
 // --- Tensors ------------------------------------------------------------------------------------------

@@ -63,11 +63,11 @@ bool f16_tiles();
 // runs f16's tile kernels there (below it runs the f32 kernels, which the avx512 registration tests).
 int64_t head_dim_for(fb_dtype dtype, int64_t d);
 
-// The tiles of the kernels this process runs for a dtype, for problems that take wide key blocks or
-// not (cpu/tiles.h: wide_keys; masked, decoding and short problems do not); sweeps put sequence lengths
-// around them.
+// The tiles of the kernels this process runs for a dtype, for problems whose forward takes the given
+// key blocks (cpu/tiles.h: forward_keys; usual: masked problems, wide: long unmasked ones, few:
+// decoding); sweeps put sequence lengths around them.
 flashback::cpu::Tiles tiles_for(int64_t head_dim, int64_t head_dim_v, bool backward, fb_dtype dtype = FB_F32,
-                                bool wide = false);
+                                flashback::cpu::Keys keys = flashback::cpu::Keys::usual);
 
 // --- Tensors over backing buffers ---------------------------------------------------------------------
 

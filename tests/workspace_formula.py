@@ -95,6 +95,10 @@ def group(items, threads):  # G: 4, 2 or 1, the largest that gives each thread 4
     return g
 
 
+def few_rows(Hq, Hk, Sq):  # a kv head's query rows, its group's counted together, in at most 4 blocks of 64
+    return cd((Hq // Hk) * Sq, 64) <= 4
+
+
 def swapped(B, Hq, Hk, Sq, Sk, threads):  # a decoding forward, as README says it is sized
     if Sq == 1 and Hq > Hk and Sk > 0 and not (Hq // Hk < 4 and B * Hk < threads):
         return Hk, Hq // Hk
@@ -131,7 +135,10 @@ def backward_common(B, Hq, Hk, Sq, Sk, D, Dv, threads, BM, BN):
 
 def f32_sizes(isa, B, Hq, Hk, Sq, Sk, D, Dv, threads):
     hq, sq = swapped(B, Hq, Hk, Sq, Sk, threads)
-    BM, BN = 64, 128 if isa == "avx2" and D >= 128 else 64
+    if isa == "avx2":
+        BM, BN = 64, 128 if D >= 128 else 64
+    else:  # avx512, no mask: 64 x 64 where a kv head's query rows are few, else 64 x 256 from D = 128, 64 x 128 below
+        BM, BN = 64, 64 if few_rows(hq, Hk, sq) else 256 if D >= 128 else 128
     BMp, BNp, Dvp = ru(BM, 16), ru(BN, 16), ru(Dv, 16)
     TG, part = forward_common(B, hq, Hk, sq, Sk, Dv, threads, BM, BN)
     F = 1 if 1 <= sq % BM <= 8 else 0
@@ -156,7 +163,7 @@ def bf16_sizes(isa, B, Hq, Hk, Sq, Sk, D, Dv, threads):
 
     hq, sq = swapped(B, Hq, Hk, Sq, Sk, threads)
     few = (hq // Hk) * cd(sq, 64) <= 4  # each work item packs its key blocks itself
-    BM, BN = 64, 256 if K == 32 and not few else 128
+    BM, BN = 64, 256 if K == 32 and not few_rows(hq, Hk, sq) else 128
     z = dims(BM, BN)
     TG, part = forward_common(B, hq, Hk, sq, Sk, Dv, threads, BM, BN)
     scratch = (r(2 * z["BMp"] * (z["Dk"] + 32)) + 2 * r(2 * z["BMp"] * z["pa"]) + r(4 * z["BMp"] * z["s"]) +

@@ -47,7 +47,7 @@ struct DotBf16Micro {
   static_assert(V::lanes == 16);
 
   static Tiles tiles(const core::Problem& p, bool backward) {
-    return choose_tiles(isa, p.head_dim, p.head_dim_v, backward, wide_keys(p));
+    return tiles_of(isa, p, backward);
   }
   static void begin() {}
   static void end() {}

@@ -17,6 +17,11 @@ struct Tiles {
   friend constexpr bool operator==(const Tiles&, const Tiles&) = default;
 };
 
+// The forward's key blocks as a problem allows them (tiles.h: forward_keys, choose_tiles): `few` where
+// a kv head's query side is a few blocks of rows (decoding: few_query_rows), `wide` where wide blocks pay
+// (wide_keys), else `usual` (masked problems). The backward's tiles do not depend on it.
+enum class Keys { usual, wide, few };
+
 // The most blocks a work item runs side by side: query blocks in the forward (ForwardJob::q_group),
 // key blocks in the backward (BackwardJob::k_group).
 constexpr int64_t kMaxGroup = 4;

@@ -520,14 +520,27 @@ struct MathBf16 {
         return V::select(V::in_band(static_cast<int32_t>(c0 - r), 1, lo, hi), V::exp2(V::fms(x, mul, vref)),
                          V::zero());
       };
-      typename V::reg sum = V::zero();
+      // The row's sum of P as softmax_whole sums it, a tree over its vectors of 16 keys (zeros beyond
+      // cols, which add nothing exactly): a row gives the same bits whichever of the two steps it takes,
+      // as in a decoding problem whose heads are swapped into one block's rows, or not (backend.cpp:
+      // swap_decoding_heads; Api.DecodingHeadsSwappedGiveTheSameBits).
+      static_assert(kMaxKeyVectors * 16 >= choose_tiles(Isa::amx, 128, 128, false, Keys::wide).bn, "the widest block");
+      typename V::reg part[kMaxKeyVectors];
+      const int n = static_cast<int>((z.bnk + 31) / 32 * 2);
       for (int64_t c0 = 0; c0 < z.bnk; c0 += 32) { // P as hi + lo, 32 keys at a time
         const typename V::reg p0 = prob(c0), p1 = prob(c0 + 16);
-        sum = V::add(sum, V::add(p0, p1));
+        part[c0 / 16] = p0;
+        part[c0 / 16 + 1] = p1;
         Pack::split32(p0, p1, s_.pa + r * z.pa_ld + c0, s_.pa_lo + r * z.pa_ld + c0, z.bnk - c0, again_of(z.bnk));
       }
-      end_row(r, m_new, V::reduce_add(sum));
+      for (int w = n; w > 1;) { // halves, as softmax_whole's for a power of two
+        const int h = (w + 1) / 2;
+        for (int i = 0; i + h < w; ++i) part[i] = V::add(part[i], part[i + h]);
+        w = h;
+      }
+      end_row(r, m_new, V::reduce_add(part[0]));
     }
+    static constexpr int kMaxKeyVectors = 16;
 
     const ForwardJob& job_;
     const core::Problem& p_;

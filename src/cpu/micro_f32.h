@@ -439,7 +439,7 @@ template <class V, Isa I>
 struct IsaMicroF32 : MicroF32<V> {
   static constexpr Isa isa = I;
   static Tiles tiles(const core::Problem& p, bool backward) {
-    return choose_tiles(isa, p.head_dim, p.head_dim_v, backward, wide_keys(p));
+    return tiles_of(isa, p, backward);
   }
 };
 

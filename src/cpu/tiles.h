@@ -9,13 +9,14 @@
 
 namespace flashback::cpu {
 
-// wide: the problem's forward may take wide key blocks (wide_keys below).
-constexpr Tiles choose_tiles(Isa isa, int64_t head_dim, int64_t head_dim_v, bool backward, bool wide) {
+// keys: the forward's key blocks as the problem allows them (forward_keys below; kernels.h: Keys).
+constexpr Tiles choose_tiles(Isa isa, int64_t head_dim, int64_t head_dim_v, bool backward, Keys keys) {
   (void)head_dim_v;
+  const bool wide = keys == Keys::wide;
   if (isa == Isa::scalar) return {32, 32};
   // AVX2 and AVX-512 (measured on Zen 4, D = 64 and 128, one thread, min of 5; see BENCHMARKS.md):
-  // forward 64 x 64: the Q^T panel (D x 64 floats, 32 KiB at D = 128) is reused by every key block;
-  //   BM = 96 or 128 drops to 60-70% of peak.
+  // forward 64 x 64 (AVX-512's wider key blocks below): the Q^T panel (D x 64 floats, 32 KiB at D =
+  //   128) is reused by every key block; BM = 96 or 128 drops to 60-70% of peak.
   // backward 128 x 64: the dK/dV/dQ GEMMs run over k = 128 query rows, halving their C-tile
   //   traffic; 64 x 64 measured 76-79%, 128 x 64 81-88%, 192 x 64 80-91% (more scratch, no gain).
   // AVX2 forward at D >= 128 (measured on Zen 3, side by side; BENCHMARKS.md): 64 x 128, the P V
@@ -38,10 +39,20 @@ constexpr Tiles choose_tiles(Isa isa, int64_t head_dim, int64_t head_dim_v, bool
   // faster. The backward keeps 128 x 64 (64 x 64, 64 x 128 and 128 x 128 within the noise of those
   // rounds).
   if (isa == Isa::amx && !backward) return Tiles{64, wide ? 256 : 128};
+  // AVX-512 f32 forward (measured on a Xeon without AMX, side by side, B = 1, Hq = 16, S = 2048 but where
+  // said): 64 x 128, and 64 x 256 where wide_keys at D >= 128, the P V product's k longer as above.
+  // Against 64 x 64: 0.976x the time at D = 128 (S = 2048 and 4096), 0.979x at D = 256, 0.987x / 0.990x
+  // at D = 64 (S = 2048 / 4096), 0.984x at D = 96 (B = 2, S = 1000), 0.980x / 0.988x at B = 8, S = 512 (D =
+  // 128 / 64), bf16 converted 0.977x; causal 0.987x / 0.990x (S = 4096), 1.009x at B = 8, S = 512. 64 x 256
+  // took 1.006x the time of 64 x 128 at D = 96 and 0.997x at D = 64. Where a kv head's query rows are few
+  // (decoding) 64 x 64 still: 64 x 128 took 1.06x its time and 64 x 256 1.20x (Hq = 32, Hk = 8, Sq = 1, Sk
+  // = 8192, D = 128), each key block packed per tile for a few rows (math_f32.h); at Sq = 16 (B = 4) 64 x 256
+  // 1.03x, 64 x 128 0.98x.
+  if (isa == Isa::avx512 && !backward && keys != Keys::few) return Tiles{64, wide && head_dim >= 128 ? 256 : 128};
   return backward ? Tiles{128, 64} : Tiles{64, 64};
 }
 
-static_assert(choose_tiles(Isa::scalar, 64, 64, false, false).bm > 0);
+static_assert(choose_tiles(Isa::scalar, 64, 64, false, Keys::usual).bm > 0);
 
 namespace { // internal linkage, as blocks.h: compiled into every ISA's translation unit
 
@@ -50,6 +61,15 @@ namespace { // internal linkage, as blocks.h: compiled into every ISA's translat
 // prepare K and V per tile, in the item's scratch, rather than once per call for the whole cache.
 inline bool few_query_blocks(const core::Problem& p, Tiles t) {
   return p.group() * ((p.seqlen_q + t.bm - 1) / t.bm) <= kMaxGroup;
+}
+
+// Whether a kv head's query side, the rows of its group of query heads counted together, is at most
+// kMaxGroup query blocks: what the forward's tiles depend on (forward_keys, wide_keys). A decoding
+// problem counts the same whether or not its heads are swapped into rows (backend.cpp:
+// swap_decoding_heads, which few_query_blocks does not: G blocks of one row, or one of G rows), so that
+// both take the same tiles, and give the same bits.
+inline bool few_query_rows(const core::Problem& p, Tiles t) {
+  return (p.group() * p.seqlen_q + t.bm - 1) / t.bm <= kMaxGroup;
 }
 
 // sum over i in [a, b) of max(0, c + s i), for a slope s of -1, 0 or 1 (in double: the sums of huge
@@ -90,9 +110,9 @@ inline double visible_keys_per_row(const core::Problem& p) {
   return pairs / static_cast<double>(sq);
 }
 
-// Whether a problem's forward may take wide key blocks (choose_tiles: the amx level): where each key
-// block serves more than one work item's query blocks (not few_query_blocks, as in decoding, whose K
-// and V are packed per tile), and without a mask, or under one that shows each row at least
+// Whether a problem's forward may take wide key blocks (choose_tiles: the amx and avx512 levels): where
+// each key block serves more than one work item's query blocks (not few_query_rows, as in decoding or
+// a short chunk against a long cache), and without a mask, or under one that shows each row at least
 // kWideMaskedKeys keys on average, with bf16 inputs: partially masked tiles grow with the key block,
 // and the wider ones lose where they are a larger share of the tiles. Measured on the Xeon with AMX,
 // bf16 on tiles, B = 1 (but where said), Hq = 16, D = 128, side by side, 64 x 256 against 64 x 128:
@@ -102,14 +122,28 @@ inline double visible_keys_per_row(const core::Problem& p) {
 // causal took 0.99x the time at S = 4096 and 1.16x at S = 512).
 inline constexpr double kWideMaskedKeys = 2048;
 inline bool wide_keys(const core::Problem& p) {
-  constexpr Tiles narrow = choose_tiles(Isa::amx, 128, 128, false, false);
-  if (p.heads_kv <= 0 || few_query_blocks(p, narrow)) return false;
+  constexpr Tiles narrow = choose_tiles(Isa::amx, 128, 128, false, Keys::usual);
+  if (p.heads_kv <= 0 || few_query_rows(p, narrow)) return false;
   return !p.masked() || (p.dtype == core::DType::bf16 && visible_keys_per_row(p) >= kWideMaskedKeys);
+}
+
+// The forward's key blocks for a problem (choose_tiles). Every SIMD level's forward takes query blocks
+// of the same rows, so that `few` is the same whichever level asks.
+inline Keys forward_keys(const core::Problem& p) {
+  constexpr Tiles narrow = choose_tiles(Isa::amx, 128, 128, false, Keys::usual);
+  static_assert(narrow.bm == choose_tiles(Isa::avx512, 128, 128, false, Keys::few).bm);
+  if (p.heads_kv > 0 && few_query_rows(p, narrow)) return Keys::few;
+  return wide_keys(p) ? Keys::wide : Keys::usual;
+}
+
+// A level's tiles for a problem: what each kernel set's tiles() returns.
+inline Tiles tiles_of(Isa isa, const core::Problem& p, bool backward) {
+  return choose_tiles(isa, p.head_dim, p.head_dim_v, backward, forward_keys(p));
 }
 
 } // namespace
 
-static_assert(choose_tiles(Isa::avx512, 128, 128, true, false).bm % 16 == 0 &&
-              choose_tiles(Isa::avx512, 128, 128, true, false).bn % 16 == 0);
+static_assert(choose_tiles(Isa::avx512, 128, 128, true, Keys::usual).bm % 16 == 0 &&
+              choose_tiles(Isa::avx512, 128, 128, true, Keys::usual).bn % 16 == 0);
 
 } // namespace flashback::cpu

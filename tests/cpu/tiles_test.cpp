@@ -12,23 +12,25 @@ namespace {
 
 using flashback::cpu::choose_tiles;
 using flashback::cpu::Isa;
+using flashback::cpu::Keys;
 using flashback::cpu::Tiles;
 
 constexpr Isa kIsas[] = {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx};
 constexpr int64_t kHeadDims[] = {1, 7, 16, 32, 63, 64, 80, 96, 128, 200, 255, 256};
 
 // A constant expression: usable where the kernels need compile-time tile sizes.
-static_assert(choose_tiles(Isa::avx512, 128, 128, true, false).bm > 0);
+static_assert(choose_tiles(Isa::avx512, 128, 128, true, Keys::usual).bm > 0);
 
 TEST(Tiles, PositiveForEveryIsaHeadDimAndPass) {
   for (Isa isa : kIsas)
     for (int64_t d : kHeadDims)
       for (int64_t dv : kHeadDims)
-        for (bool backward : {false, true}) {
-          const Tiles t = choose_tiles(isa, d, dv, backward, d < dv); // wide or not
-          EXPECT_GT(t.bm, 0) << flashback::cpu::isa_name(isa) << " D=" << d << " Dv=" << dv << " bwd=" << backward;
-          EXPECT_GT(t.bn, 0) << flashback::cpu::isa_name(isa) << " D=" << d << " Dv=" << dv << " bwd=" << backward;
-        }
+        for (bool backward : {false, true})
+          for (Keys keys : {Keys::usual, Keys::wide, Keys::few}) {
+            const Tiles t = choose_tiles(isa, d, dv, backward, keys);
+            EXPECT_GT(t.bm, 0) << flashback::cpu::isa_name(isa) << " D=" << d << " Dv=" << dv << " bwd=" << backward;
+            EXPECT_GT(t.bn, 0) << flashback::cpu::isa_name(isa) << " D=" << d << " Dv=" << dv << " bwd=" << backward;
+          }
 }
 
 // The SIMD kernels work on 16-float (one zmm, two ymm) groups of rows and keys.
@@ -36,8 +38,8 @@ TEST(Tiles, SimdTilesAreMultiplesOf16) {
   for (Isa isa : {Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx})
     for (int64_t d : kHeadDims)
       for (bool backward : {false, true})
-        for (bool wide : {false, true}) {
-          const Tiles t = choose_tiles(isa, d, d, backward, wide);
+        for (Keys keys : {Keys::usual, Keys::wide, Keys::few}) {
+          const Tiles t = choose_tiles(isa, d, d, backward, keys);
           EXPECT_EQ(t.bm % 16, 0) << flashback::cpu::isa_name(isa) << " D=" << d << " bwd=" << backward;
           EXPECT_EQ(t.bn % 16, 0) << flashback::cpu::isa_name(isa) << " D=" << d << " bwd=" << backward;
         }
@@ -67,7 +69,9 @@ TEST(Tiles, KernelSetsRunWithChooseTiles) {
             p.band = flashback::core::make_band(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
             const bool wide = shape == 0 || (shape == 1 && dtype == DType::bf16);
             EXPECT_EQ(flashback::cpu::wide_keys(p), wide);
-            const Tiles want = choose_tiles(ks.isa, p.head_dim, p.head_dim_v, backward, wide);
+            const Keys keys = shape == 2 ? Keys::few : wide ? Keys::wide : Keys::usual;
+            EXPECT_EQ(flashback::cpu::forward_keys(p), keys);
+            const Tiles want = choose_tiles(ks.isa, p.head_dim, p.head_dim_v, backward, keys);
             const Tiles got = ks.tiles(p, backward);
             EXPECT_EQ(got.bm, want.bm) << flashback::cpu::isa_name(ks.isa) << " D=" << d << " bwd=" << backward;
             EXPECT_EQ(got.bn, want.bn) << flashback::cpu::isa_name(ks.isa) << " D=" << d << " bwd=" << backward;

@@ -111,7 +111,7 @@ struct AmxMicro {
   static constexpr int64_t kF32Rows = 24;
 
   static Tiles tiles(const core::Problem& p, bool backward) {
-    return choose_tiles(isa, p.head_dim, p.head_dim_v, backward, wide_keys(p));
+    return tiles_of(isa, p, backward);
   }
   // The tile configuration of a thread's work items: gemm runs only between the two.
   static void begin() { TileOps::begin(); }

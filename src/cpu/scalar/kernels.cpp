@@ -13,7 +13,7 @@ struct ScalarMicro {
   static constexpr Isa isa = Isa::scalar;
 
   static Tiles tiles(const core::Problem& p, bool backward) {
-    return choose_tiles(isa, p.head_dim, p.head_dim_v, backward, wide_keys(p));
+    return tiles_of(isa, p, backward);
   }
 
   // C[M][N] = (acc ? row_scale[r] * C : 0) + A B, where A(r, k) = a[r * ars + k * aks] and
