@@ -277,17 +277,18 @@ TEST_P(Attention, SequenceLengthsAroundForwardTiles) { check_cases(sequence_leng
 
 TEST_P(Attention, SequenceLengthsAroundBackwardTiles) { check_cases(sequence_length_sweep(GetParam(), true)); }
 
-// Masks that show each row enough keys on average that the bf16 forward takes wide key blocks
+// Masks that show each row enough keys on average that the bf16 and f32 forwards take wide key blocks
 // (tiles.h: wide_keys, kWideMaskedKeys), over many of them and a remainder: causal with Sq = Sk, Sq <
 // Sk, Sq > Sk (the first rows see no key), and a window open on both sides. Where the level's wide
 // tiles differ only from head dims of 128 (tiles.h: avx512), short query sides against long keys there.
 TEST_P(Attention, MaskedWideKeyBlocks) {
   using flashback::cpu::Keys;
-  if (GetParam() != FB_BF16) GTEST_SKIP() << "only bf16 takes wide key blocks under a mask";
+  const fb_dtype dtype = GetParam();
+  if (dtype == FB_F16) GTEST_SKIP() << "f16 takes no wide key blocks under a mask";
   // Elsewhere these are long causal problems as other tests run them, which took 11% of the suite's
   // time (9% sanitized) at the levels that do not take wide key blocks.
-  auto differ = [](int64_t d) {
-    return fbtest::tiles_for(d, d, false, FB_BF16, Keys::usual) != fbtest::tiles_for(d, d, false, FB_BF16, Keys::wide);
+  auto differ = [&](int64_t d) {
+    return fbtest::tiles_for(d, d, false, dtype, Keys::usual) != fbtest::tiles_for(d, d, false, dtype, Keys::wide);
   };
   std::vector<Case> cases;
   if (differ(16)) {
@@ -298,16 +299,16 @@ TEST_P(Attention, MaskedWideKeyBlocks) {
         make_case(1, 1, 1, 4096 + 129, 4096 + 129, 16, 16, window(3000, 200)),
     };
   } else if (differ(128)) {
-    const int64_t sq = 5 * fbtest::tiles_for(128, 128, false, FB_BF16, Keys::wide).bm + 7;
+    const int64_t sq = 5 * fbtest::tiles_for(128, 128, false, dtype, Keys::wide).bm + 7;
     cases = {
         make_case(1, 1, 1, sq, 4096 + 129, 128, 128, kCausal),
         make_case(1, 1, 1, sq, 4096 + 255, 128, 128, window(3000, 200)),
     };
   } else {
-    GTEST_SKIP() << "this level's bf16 forward takes the same tiles with wide key blocks (tiles.h: choose_tiles)";
+    GTEST_SKIP() << "this level's forward takes the same tiles with wide key blocks (tiles.h: choose_tiles)";
   }
   for (Case& c : cases) {
-    c.dtype = FB_BF16;
+    c.dtype = dtype;
     ASSERT_TRUE(fbtest::forward_wide_keys(c)) << c.describe();
   }
   check_cases(cases);

@@ -40,7 +40,7 @@ constexpr Tiles choose_tiles(Isa isa, int64_t head_dim, int64_t head_dim_v, bool
   // rounds).
   if (isa == Isa::amx && !backward) return Tiles{64, wide ? 256 : 128};
   // AVX-512 f32 forward (measured on a Xeon without AMX, side by side, B = 1, Hq = 16, S = 2048 but where
-  // said): 64 x 128, and 64 x 256 where wide_keys at D >= 128, the P V product's k longer as above.
+  // said): 64 x 128, and 64 x 256 where wide_keys (below) at D >= 128, the P V product's k longer as above.
   // Against 64 x 64: 0.976x the time at D = 128 (S = 2048 and 4096), 0.979x at D = 256, 0.987x / 0.990x
   // at D = 64 (S = 2048 / 4096), 0.984x at D = 96 (B = 2, S = 1000), 0.980x / 0.988x at B = 8, S = 512 (D =
   // 128 / 64), bf16 converted 0.977x; causal 0.987x / 0.990x (S = 4096), 1.009x at B = 8, S = 512. 64 x 256
@@ -113,18 +113,20 @@ inline double visible_keys_per_row(const core::Problem& p) {
 // Whether a problem's forward may take wide key blocks (choose_tiles: the amx and avx512 levels): where
 // each key block serves more than one work item's query blocks (not few_query_rows, as in decoding or
 // a short chunk against a long cache), and without a mask, or under one that shows each row at least
-// kWideMaskedKeys keys on average, with bf16 inputs: partially masked tiles grow with the key block,
-// and the wider ones lose where they are a larger share of the tiles. Measured on the Xeon with AMX,
+// kWideMaskedKeys keys on average, with bf16 or f32 inputs: partially masked tiles grow with the key
+// block, and the wider ones lose where they are a larger share of the tiles. Measured on the Xeon with AMX,
 // bf16 on tiles, B = 1 (but where said), Hq = 16, D = 128, side by side, 64 x 256 against 64 x 128:
 // causal 0.955x the forward's time at S = 4096, 0.951x at S = 8192 (Hq = 8), 1.01x at S = 2048 (B = 2),
 // 1.08x at S = 1024 (B = 4), 1.13x at S = 512 (B = 8), 1.19x with a window of 256 keys at S = 4096.
 // f16's masked tiles take P V in f32 (math_bf16.h), which wider tiles only slow (when bf16's did too,
-// causal took 0.99x the time at S = 4096 and 1.16x at S = 512).
+// causal took 0.99x the time at S = 4096 and 1.16x at S = 512). f32 (the avx512 kernels, on the Xeon
+// without AMX, D = 128, side by side): causal 0.991x the time of 64 x 128 at S = 4096, 0.990x at S = 8192
+// (Hq = 8).
 inline constexpr double kWideMaskedKeys = 2048;
 inline bool wide_keys(const core::Problem& p) {
   constexpr Tiles narrow = choose_tiles(Isa::amx, 128, 128, false, Keys::usual);
   if (p.heads_kv <= 0 || few_query_rows(p, narrow)) return false;
-  return !p.masked() || (p.dtype == core::DType::bf16 && visible_keys_per_row(p) >= kWideMaskedKeys);
+  return !p.masked() || (p.dtype != core::DType::f16 && visible_keys_per_row(p) >= kWideMaskedKeys);
 }
 
 // The forward's key blocks for a problem (choose_tiles). Every SIMD level's forward takes query blocks

@@ -55,7 +55,7 @@ TEST(Tiles, KernelSetsRunWithChooseTiles) {
         for (bool backward : {false, true}) {
           const flashback::cpu::KernelSet& ks = flashback::cpu::kernels_for(isa, dtype, std::max(d, 257 - d));
           EXPECT_LE(ks.isa, isa);
-          for (int shape = 0; shape < 3; ++shape) { // long, causal (bf16: wide), decoding
+          for (int shape = 0; shape < 3; ++shape) { // long, causal (bf16 and f32: wide), decoding
             flashback::core::Problem p;
             p.dtype = dtype;
             p.head_dim = d;
@@ -67,7 +67,7 @@ TEST(Tiles, KernelSetsRunWithChooseTiles) {
             p.seqlen_k = 4096;
             if (shape == 1) p.window_right = 0;
             p.band = flashback::core::make_band(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
-            const bool wide = shape == 0 || (shape == 1 && dtype == DType::bf16);
+            const bool wide = shape == 0 || (shape == 1 && dtype != DType::f16);
             EXPECT_EQ(flashback::cpu::wide_keys(p), wide);
             const Keys keys = shape == 2 ? Keys::few : wide ? Keys::wide : Keys::usual;
             EXPECT_EQ(flashback::cpu::forward_keys(p), keys);
