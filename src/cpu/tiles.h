@@ -122,21 +122,21 @@ inline double visible_keys_per_row(const core::Problem& p) {
 // causal took 0.99x the time at S = 4096 and 1.16x at S = 512). f32 (the avx512 kernels, on the Xeon
 // without AMX, D = 128, side by side): causal 0.991x the time of 64 x 128 at S = 4096, 0.990x at S = 8192
 // (Hq = 8).
+//
+// forward_keys: the forward's key blocks for a problem (choose_tiles), few, wide as above, or usual.
+// Every SIMD level's forward takes query blocks of the same rows, so that `few` is the same whichever
+// level asks.
 inline constexpr double kWideMaskedKeys = 2048;
-inline bool wide_keys(const core::Problem& p) {
-  constexpr Tiles narrow = choose_tiles(Isa::amx, 128, 128, false, Keys::usual);
-  if (p.heads_kv <= 0 || few_query_rows(p, narrow)) return false;
-  return !p.masked() || (p.dtype != core::DType::f16 && visible_keys_per_row(p) >= kWideMaskedKeys);
-}
-
-// The forward's key blocks for a problem (choose_tiles). Every SIMD level's forward takes query blocks
-// of the same rows, so that `few` is the same whichever level asks.
 inline Keys forward_keys(const core::Problem& p) {
   constexpr Tiles narrow = choose_tiles(Isa::amx, 128, 128, false, Keys::usual);
   static_assert(narrow.bm == choose_tiles(Isa::avx512, 128, 128, false, Keys::few).bm);
-  if (p.heads_kv > 0 && few_query_rows(p, narrow)) return Keys::few;
-  return wide_keys(p) ? Keys::wide : Keys::usual;
+  if (p.heads_kv <= 0) return Keys::usual;
+  if (few_query_rows(p, narrow)) return Keys::few;
+  const bool wide =
+      !p.masked() || (p.dtype != core::DType::f16 && visible_keys_per_row(p) >= kWideMaskedKeys);
+  return wide ? Keys::wide : Keys::usual;
 }
+inline bool wide_keys(const core::Problem& p) { return forward_keys(p) == Keys::wide; }
 
 // A level's tiles for a problem: what each kernel set's tiles() returns.
 inline Tiles tiles_of(Isa isa, const core::Problem& p, bool backward) {
