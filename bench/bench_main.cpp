@@ -4,9 +4,11 @@
 // 4 B Hq Sq Sk D, halved when causal; backward 2.5x that) per iteration; rates come from real time.
 #include <benchmark/benchmark.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -97,6 +99,16 @@ void set_counters(benchmark::State& state, double flop) {
   state.counters["threads"] = threads();
 }
 
+// The guest's stolen time so far, in ms (/proc/stat's first line, all CPUs: the eighth number, in clock
+// ticks); -1 where it cannot be read.
+double steal_ms() {
+  std::ifstream f("/proc/stat");
+  std::string cpu;
+  long long user, nice, system, idle, iowait, irq, softirq, steal;
+  if (!(f >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal) || cpu != "cpu") return -1;
+  return 1e3 * static_cast<double>(steal) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 // Times `run` (one repetition), with the FMA ceiling measured for 0.3 s just before: the guest's
 // speed moves by up to 1.4x within minutes (the host's other tenants), so report.py divides each
 // repetition's rate by the ceiling of the same moment rather than by one probe minutes away.
@@ -105,12 +117,18 @@ void set_counters(benchmark::State& state, double flop) {
 // The probes come before the warm-up run (`warm_up`), which stands between them and the timed run: a
 // run right after them is slower (the Xeon with AMX, bf16 backward at B = 1, Hq = 16, S = 4096, D =
 // 128: 232 - 233 ms against 223 - 225 ms without the probes, two runs of 5 repetitions each).
+// It also records `steal_ms`: the time the hypervisor ran something else on this guest's CPUs during
+// the timed run (/proc/stat's steal, all CPUs together; -1 where that cannot be read), which no probe
+// before the run can see.
 template <class Run>
 void timed(benchmark::State& state, Run&& run, bool amx = false, bool warm_up = true) {
   const double ceiling = fma_ceiling_flops(threads(), 0.3);
   const double amx_ceiling = amx ? amx_ceiling_flops(threads(), 0.3) : 0;
   if (warm_up) run();
+  const double steal_before = steal_ms();
   for (auto _ : state) run();
+  const double steal_after = steal_ms();
+  state.counters["steal_ms"] = steal_before < 0 || steal_after < 0 ? -1.0 : steal_after - steal_before;
   state.counters["adjacent_ceiling_flops"] = ceiling;
   if (amx) state.counters["adjacent_amx_ceiling_flops"] = amx_ceiling;
 }
