@@ -53,14 +53,15 @@ def run_suite(build, reps, filt, in_order):
 
 
 def aggregates(data):
-    """{benchmark: {median|min|max|mean|stddev: entry}}; benchmarks that skipped (no AMX here) are left out"""
+    """{benchmark: {median|min|max|mean|stddev: entry}}, in the suite's order (interleaved runs write each
+    benchmark's statistics when its last repetition ends); benchmarks that skipped (no AMX here) are left out"""
     by = {}
     for b in data["benchmarks"]:
         if b.get("run_type") != "aggregate" or b.get("error_occurred"):
             continue
         name = b["run_name"].split("/iterations:")[0]
         by.setdefault(name, {})[b["aggregate_name"]] = b
-    return by
+    return dict(sorted(by.items(), key=lambda kv: kv[1]["median"].get("family_index", 0)))
 
 
 def to_seconds(entry):
