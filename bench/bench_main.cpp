@@ -117,9 +117,8 @@ double steal_ms() {
 // The probes come before the warm-up run (`warm_up`), which stands between them and the timed run: a
 // run right after them is slower (the Xeon with AMX, bf16 backward at B = 1, Hq = 16, S = 4096, D =
 // 128: 232 - 233 ms against 223 - 225 ms without the probes, two runs of 5 repetitions each).
-// It also records `steal_ms`: the time the hypervisor ran something else on this guest's CPUs during
-// the timed run (/proc/stat's steal, all CPUs together; -1 where that cannot be read), which no probe
-// before the run can see.
+// It also records `steal_ms` (steal_ms() over the timed run): time the hypervisor gave something else,
+// which no probe before the run can see.
 template <class Run>
 void timed(benchmark::State& state, Run&& run, bool amx = false, bool warm_up = true) {
   const double ceiling = fma_ceiling_flops(threads(), 0.3);

@@ -16,9 +16,10 @@ a331de0), three of the five repetitions of the causal forward at D = 128 took 1.
 while the probes before them read their usual rate, and the ratio to the non-causal row missed its
 bound by 3%. So the repetitions of all the benchmarks run interleaved in a random order (Google
 Benchmark's --benchmark_enable_random_interleaving): each row's repetitions are spread over the whole
-run, and two rows compared in a ratio sample the same spells rather than one row taking a spell whole. --in-order runs each benchmark's repetitions one after the other, as before.
-Each repetition also records the time the hypervisor stole from the guest's CPUs while it ran
-(`steal_ms`, from /proc/stat), printed below the table.
+run, and two rows compared in a ratio sample the same spells rather than one row taking a spell whole.
+--in-order runs each benchmark's repetitions one after the other, as before. Each repetition also
+records the time the hypervisor stole from the guest's CPUs while it ran (`steal_ms`, from /proc/stat),
+printed below the table.
 
     python3 bench/report.py [--build build] [--reps 5] [--filter REGEX] [--in-order] [--save run.json]
 """
@@ -185,9 +186,9 @@ def main():
     steal = [(e["steal_ms"], n) for n, r in reps.items() for _, _, e in r if e.get("steal_ms", -1) >= 0]
     if steal:
         most, where = max(steal)
-        print(f"\nTime stolen by the hypervisor during the timed repetitions: {sum(s for s, _ in steal):.0f} ms in all, "
-              f"{sum(1 for s, _ in steal if s > 0)} of {len(steal)} repetitions with some, at most {most:.0f} ms "
-              f"({where}).")
+        total, some = sum(s for s, _ in steal), sum(1 for s, _ in steal if s > 0)
+        print(f"\nTime stolen by the hypervisor during the timed repetitions: {total:.0f} ms in all, {some} of "
+              f"{len(steal)} repetitions with some, at most {most:.0f} ms ({where}).")
 
     print("\nIssue 3's targets (same run):\n")
     print("| target | measured | |")
