@@ -37,6 +37,10 @@ constexpr int64_t kMaxWork = 1 << 20;          // B Hq (Sq+1) (Sk+1) (D+Dv): a c
 constexpr int64_t kMaxCheckWork = 1 << 18;     // the float64 reference and the one-thread rerun
 constexpr int64_t kMaxTensorBytes = 1 << 20;   // one buffer
 constexpr int64_t kMaxTotalBytes = 6 << 20;    // all buffers of one input
+// A workspace (the library's or the harness's): bounded work does not bound it, since each head's blocks
+// are padded to the tiles' granules (the amx backward of 65535 heads of one row took 2.8 GB at 29f4fbc,
+// 258 MiB since tiles.h: backward_block_rows; 2^18 heads without keys fit the work bound).
+constexpr size_t kMaxWorkspaceBytes = size_t{256} << 20;
 constexpr int64_t I64_MAX = std::numeric_limits<int64_t>::max();
 
 [[noreturn]] void fail(const std::string& what) {
@@ -805,6 +809,7 @@ fb_status exercise(Case& c, bool backward, int64_t work) {
     if (uses(id, backward) && c.args[id].present && !c.args[id].fits) all_fit = false;
   if (work > kMaxWork) all_fit = false;
   if (!all_fit && e != Expect::reject) return sized.status; // the library would touch memory it may not
+  if (sized.status == FB_SUCCESS && needed > kMaxWorkspaceBytes) return sized.status; // over libFuzzer's memory
 
   // The workspace.
   void* ws = nullptr;

@@ -134,6 +134,11 @@ def c_api_seeds():
     # elements (cpu/attention.h: fetch_item_rows computes no row address without rows).
     seeds["forward-fetch-keys-without-elements"] = base64.b64decode(
         "AACLCwMAATIAAAAAAAAIAIsBAAABAAE6IHZhbHVlIGlzIG5vdCBkZWZpbmVk")
+    # Found by the fuzzer in CI at 29f4fbc (emulated amx): a bf16 backward of 65535 heads of one query
+    # row and no keys asked for a workspace of 2.8 GB, each head's query block padded to the tile's 128
+    # rows, over libFuzzer's 2 GB (now 258 MiB: cpu/tiles.h, backward_block_rows; and the harness skips
+    # calls whose workspace is over kMaxWorkspaceBytes).
+    seeds["many_heads_one_row"] = base64.b64decode("BQD/////AAAAAAAAAwEAAAAAAAAAAA==")
     # 1025 keys against one block of 4 rows (decoding, swapped heads): the forward splits the keys into
     # parts and combines them (cpu/backend.cpp: forward_splits), also under a causal mask on 2 threads.
     seeds["split_keys_decoding"] = c_api_seed(hq=4, group=4, sq=1, sk_wild=11, d=8, dv=8)

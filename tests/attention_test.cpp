@@ -270,6 +270,11 @@ std::vector<Case> sequence_length_sweep(fb_dtype dtype, bool backward) {
     add(t, 64);
     if (at128 != t || (dtype == FB_F16 && fbtest::f16_tiles())) add(at128, 128);
   }
+  // The backward's query blocks of fewer rows than its tiles' (tiles.h: backward_block_rows): one
+  // block of 16, 32 or 48 rows holding 15 to 33.
+  if (backward)
+    for (int64_t sq : {15, 16, 17, 33})
+      for (Mask mask : {kNoMask, kCausal, window(7, 3)}) cases.push_back(make_case(1, 2, 1, sq, 70, 64, 64, mask));
   return cases;
 }
 

@@ -88,6 +88,10 @@ def r(x):
     return ru(x, 64)
 
 
+def backward_rows(BM, Sq):  # the backward's query blocks: BM, or Sq rounded up to 16 where that is less
+    return min(BM, ru(max(Sq, 1), 16))
+
+
 def group(items, threads):  # G: 4, 2 or 1, the largest that gives each thread 4 items
     g = 4
     while g > 1 and items(g) < 4 * threads:
@@ -143,7 +147,7 @@ def f32_sizes(isa, B, Hq, Hk, Sq, Sk, D, Dv, threads):
     TG, part = forward_common(B, hq, Hk, sq, Sk, Dv, threads, BM, BN)
     F = 1 if 1 <= sq % BM <= 8 else 0
     fwd = 64 + TG * r(4 * (D * BMp + BN * BMp + BMp * Dvp + 4 * BMp + F * (D * BNp + 8 * BNp))) + part
-    BM, BN = 128, 64
+    BM, BN = backward_rows(128, Sq), 64
     BNp, Dp = ru(BN, 16), ru(D, 16)
     TG, part = backward_common(B, Hq, Hk, Sq, Sk, D, Dv, threads, BM, BN)
     scratch = r(4 * (D * BNp + Dv * BNp + 2 * BM * BNp + BN * Dp + BN * Dvp))
@@ -172,7 +176,7 @@ def bf16_sizes(isa, B, Hq, Hk, Sq, Sk, D, Dv, threads):
     if few:
         scratch += r(kv_block)
     fwd = 64 + TG * scratch + (0 if few else r(B * Hk * cd(Sk, BN) * kv_block)) + part
-    BM, BN = (128, 64) if K == 32 else (128, 128)
+    BM, BN = backward_rows(128, Sq), 64 if K == 32 else 128
     z = dims(BM, BN)
     TG, part = backward_common(B, Hq, Hk, Sq, Sk, D, Dv, threads, BM, BN)
     hilo = K == 32  # at amx the products with P and dS on tiles (hi + lo); with vdpbf16ps all in f32
@@ -182,7 +186,8 @@ def bf16_sizes(isa, B, Hq, Hk, Sq, Sk, D, Dv, threads):
     if hilo:
         scratch += (r(z["BNk"] * z["dn"]) + 2 * r(2 * z["BMk"] * z["kt"]) + 2 * r(2 * z["BMp"] * z["pa"]) +
                     r(4 * z["Dn"] * z["s"]) + r(4 * z["Dvn"] * z["s"]))
-        q_block += 2 * (z["Dn"] * z["t"] + z["Dvn"] * z["t"])
+        if z["BMp"] > 24:  # Q^T and dO^T, where some blocks have more than 24 rows (products on tiles)
+            q_block += 2 * (z["Dn"] * z["t"] + z["Dvn"] * z["t"])
     rows = B * Hq * Sq
     bwd = (64 + TG * scratch + 2 * r(4 * rows) + r(8 * B * Hq * cd(Sq, BM)) + r(4 * rows * D) +
            r(B * Hq * cd(Sq, BM) * q_block) + part)

@@ -133,7 +133,10 @@ struct MathBf16 {
     // packed Q and dO, and where kHiLoBackward Q^T and dO^T.
     int64_t kt_block() const { return dkx / 2 * kt_ld; }
     int64_t kv_block() const { return kt_block() + bnkx / 2 * dv_ld; }
-    int64_t q_block() const { return x_block(dkx) + x_block(dvkx) + (kHiLoBackward ? (dn + dvn) * t_ld : 0); }
+    int64_t q_block() const { return x_block(dkx) + x_block(dvkx) + (transposes() ? (dn + dvn) * t_ld : 0); }
+    // Whether the backward's query blocks pack Q^T and dO^T: where some take their products with P and
+    // dS on the microkernel (more than kF32Rows rows; tiles.h: backward_block_rows gives 16 to short ones).
+    bool transposes() const { return kHiLoBackward && bmp > BMicro::kF32Rows; }
     // A query block as the A side of S or dP (pack_x_a): hi [BMp][a_ld(kx)], and for f16 its lo.
     int64_t x_block(int64_t kx) const { return bmp * a_ld(kx) * kXSegs; }
   };
@@ -571,8 +574,8 @@ struct MathBf16 {
     QBlock q;
     q.qa = base;
     q.doa = q.qa + z.x_block(z.dkx);
-    q.qat = kHiLoBackward ? q.doa + z.x_block(z.dvkx) : nullptr;
-    q.doat = kHiLoBackward ? q.qat + z.dn * z.t_ld : nullptr;
+    q.qat = z.transposes() ? q.doa + z.x_block(z.dvkx) : nullptr;
+    q.doat = z.transposes() ? q.qat + z.dn * z.t_ld : nullptr;
     return q;
   }
   // Packs query block `item` = (b, h, ib): Q and dO as A operands (k = d), and their transposes as A
@@ -587,7 +590,7 @@ struct MathBf16 {
     const T* dsrc = row_ptr<const T>(p.dout, r.b, r.head, r.first);
     pack_x_a(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qa), z.dk, z.bmp);
     pack_x_a(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.doa), z.dvk, z.bmp);
-    if (!kHiLoBackward || r.rows <= BMicro::kF32Rows) return;
+    if (!z.transposes() || r.rows <= BMicro::kF32Rows) return;
     pack_yt_a(qsrc, p.q.ss, r.rows, p.head_dim, const_cast<bf16*>(q.qat), z.bmk, z.dn);
     pack_yt_a(dsrc, p.dout.ss, r.rows, p.head_dim_v, const_cast<bf16*>(q.doat), z.bmk, z.dvn);
   }
@@ -626,8 +629,8 @@ struct MathBf16 {
       dkt = hilo_floats(z.dn * z.s_ld);
       dvt = hilo_floats(z.dvn * z.s_ld);
       kf = c.floats(copy_room(t.bn * z.dn, z.bnkx / 2 * z.dn_ld));
-      qf = c.floats(copy_room(t.bm * z.dn, z.dn * z.t_ld));
-      dof = c.floats(copy_room(t.bm * z.dvn, z.dvn * z.t_ld));
+      qf = c.floats(z.transposes() ? copy_room(t.bm * z.dn, z.dn * z.t_ld) : t.bm * z.dn);
+      dof = c.floats(z.transposes() ? copy_room(t.bm * z.dvn, z.dvn * z.t_ld) : t.bm * z.dvn);
       if (bytes) *bytes = c.used;
     }
   };

@@ -138,9 +138,20 @@ inline Keys forward_keys(const core::Problem& p) {
 }
 inline bool wide_keys(const core::Problem& p) { return forward_keys(p) == Keys::wide; }
 
+// The backward's query blocks hold at most the problem's query rows, rounded up to 16 (the row granule
+// of every level's operands). Its packed or converted Q and dO are a block per query block of every
+// head, and a block of 128 rows around one row made the workspace 2.8 GB for 0.5 MB of tensors (bf16 at
+// amx, B Hq = 65535 heads of one row, D = 1: the fuzzer). A problem that short has one query block either way.
+inline int64_t backward_block_rows(int64_t bm, int64_t seqlen_q) {
+  const int64_t rows = seqlen_q < 1 ? 16 : (seqlen_q + 15) / 16 * 16;
+  return rows < bm ? rows : bm;
+}
+
 // A level's tiles for a problem: what each kernel set's tiles() returns.
 inline Tiles tiles_of(Isa isa, const core::Problem& p, bool backward) {
-  return choose_tiles(isa, p.head_dim, p.head_dim_v, backward, forward_keys(p));
+  Tiles t = choose_tiles(isa, p.head_dim, p.head_dim_v, backward, forward_keys(p));
+  if (backward) t.bm = backward_block_rows(t.bm, p.seqlen_q);
+  return t;
 }
 
 } // namespace

@@ -71,13 +71,40 @@ TEST(Tiles, KernelSetsRunWithChooseTiles) {
             EXPECT_EQ(flashback::cpu::wide_keys(p), wide);
             const Keys keys = shape == 2 ? Keys::few : wide ? Keys::wide : Keys::usual;
             EXPECT_EQ(flashback::cpu::forward_keys(p), keys);
-            const Tiles want = choose_tiles(ks.isa, p.head_dim, p.head_dim_v, backward, keys);
+            Tiles want = choose_tiles(ks.isa, p.head_dim, p.head_dim_v, backward, keys);
+            if (backward && shape == 2) want.bm = 16; // one query row: one block of 16 (backward_block_rows)
             const Tiles got = ks.tiles(p, backward);
             EXPECT_EQ(got.bm, want.bm) << flashback::cpu::isa_name(ks.isa) << " D=" << d << " bwd=" << backward;
             EXPECT_EQ(got.bn, want.bn) << flashback::cpu::isa_name(ks.isa) << " D=" << d << " bwd=" << backward;
           }
         }
     }
+}
+
+// The backward's query blocks hold the problem's rows rounded up to 16 where those are fewer than the
+// level's block, so that a short problem's packed Q and dO are not a full block per head.
+TEST(Tiles, BackwardBlocksFitShortQuerySides) {
+  using flashback::cpu::backward_block_rows;
+  const std::pair<int64_t, int64_t> at128[] = {{0, 16},    {1, 16},     {15, 16},  {16, 16},  {17, 32},
+                                               {100, 112}, {127, 128},  {128, 128}, {129, 128}, {1000000, 128}};
+  for (auto [sq, bm] : at128) EXPECT_EQ(backward_block_rows(128, sq), bm) << "Sq=" << sq;
+  EXPECT_EQ(backward_block_rows(32, 1), 16);  // the scalar level's 32 x 32
+  EXPECT_EQ(backward_block_rows(32, 20), 32);
+  EXPECT_EQ(backward_block_rows(32, 33), 32);
+  // Through the kernel sets: Sq = 20 against choose_tiles' 128 rows at every level that runs here.
+  for (Isa isa : kIsas) {
+    const flashback::cpu::KernelSet& ks = flashback::cpu::kernels_for(isa, flashback::core::DType::bf16, 64);
+    flashback::core::Problem p;
+    p.dtype = flashback::core::DType::bf16;
+    p.head_dim = p.head_dim_v = 64;
+    p.batch = p.heads_q = p.heads_kv = 1;
+    p.seqlen_q = 20;
+    p.seqlen_k = 300;
+    p.band = flashback::core::make_band(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
+    const int64_t full = choose_tiles(ks.isa, 64, 64, true, flashback::cpu::forward_keys(p)).bm;
+    EXPECT_EQ(ks.tiles(p, true).bm, std::min<int64_t>(full, 32)) << flashback::cpu::isa_name(ks.isa);
+    EXPECT_EQ(ks.tiles(p, false).bm, choose_tiles(ks.isa, 64, 64, false, flashback::cpu::forward_keys(p)).bm);
+  }
 }
 
 // visible_keys_per_row's closed form against counting each row's keys, over windows that cut either
