@@ -133,15 +133,20 @@ void check_alone(Arg& a, int rank) {
   a.extent = 0;
   a.below = 0;
   if (numel == 0) return;
+  // Each span is below 2^126 in magnitude; the sums stop once out of int64, before they could pass 2^127.
+  const __int128 i64_min = -static_cast<__int128>(I64_MAX) - 1;
   __int128 max_offset = 0, min_offset = 0;
   for (int d = 0; d < rank; ++d) {
     const __int128 span = static_cast<__int128>(t.shape[d] - 1) * t.stride[d];
     (span > 0 ? max_offset : min_offset) += span;
+    if (max_offset > I64_MAX || min_offset <= i64_min) {
+      a.defect = true;
+      return;
+    }
   }
   const __int128 es = elem_size(t.dtype), extent = max_offset - min_offset + 1, bytes = extent * es;
-  const __int128 low = min_offset * es, i64_min = -static_cast<__int128>(I64_MAX) - 1;
-  if (max_offset > I64_MAX || min_offset <= i64_min || extent > I64_MAX || bytes > I64_MAX || low < i64_min ||
-      t.data == nullptr) {
+  const __int128 low = min_offset * es;
+  if (extent > I64_MAX || bytes > I64_MAX || low < i64_min || t.data == nullptr) {
     a.defect = true;
     return;
   }

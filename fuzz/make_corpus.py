@@ -139,6 +139,9 @@ def c_api_seeds():
     # rows, over libFuzzer's 2 GB (now 258 MiB: cpu/tiles.h, backward_block_rows; and the harness skips
     # calls whose workspace is over kMaxWorkspaceBytes).
     seeds["many_heads_one_row"] = base64.b64decode("BQD/////AAAAAAAAAwEAAAAAAAAAAA==")
+    # Found by the fuzzer at 69d3c4b: the harness's own extent of a tensor whose spans sum to about
+    # 2^125.6, times the element size, overflowed __int128 (clang's UBSan; the library not involved).
+    seeds["extent_past_int128"] = base64.b64decode("+P/+/t4EADogdmFsdWUgaXMgbm90IGRlZmluZWQiADwiAAAAAAAAAAAAAAAA")
     # 1025 keys against one block of 4 rows (decoding, swapped heads): the forward splits the keys into
     # parts and combines them (cpu/backend.cpp: forward_splits), also under a causal mask on 2 threads.
     seeds["split_keys_decoding"] = c_api_seed(hq=4, group=4, sq=1, sk_wild=11, d=8, dv=8)
