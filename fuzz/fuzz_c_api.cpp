@@ -6,7 +6,8 @@
 // sees a stray byte at either end). It calls fb_forward / fb_backward only when every tensor fits its
 // buffer, or when its own model of the contract (flashback.h) says the call must be rejected before
 // any memory is touched; otherwise only the *_workspace_size functions, which validate without
-// touching tensor data. Work per input is bounded (B Hq (Sq+1) (Sk+1) (D+Dv) <= kMaxWork).
+// touching tensor data. Work per input is bounded (B Hq (Sq+1) (Sk+1) (D+Dv) <= kMaxWork, and the
+// blocks of 16 x 16 it pads to, B Hq ceil(Sq/16) ceil(Sk/16) <= kMaxBlocks).
 //
 // Checked on every call: the status is the one the model predicts (success, or an error with a
 // message; never FB_ERROR_INTERNAL), the size query agrees with the call, a rejected call writes
@@ -35,11 +36,13 @@ namespace {
 
 constexpr int64_t kMaxWork = 1 << 20;          // B Hq (Sq+1) (Sk+1) (D+Dv): a call stays in milliseconds
 constexpr int64_t kMaxCheckWork = 1 << 18;     // the float64 reference and the one-thread rerun
+// B Hq ceil(Sq/16) ceil(Sk/16): 55042 heads of 3 rows and 1 key took 9 s a call (emulated tiles, ASan)
+constexpr int64_t kMaxBlocks = 1 << 12;
 constexpr int64_t kMaxTensorBytes = 1 << 20;   // one buffer
 constexpr int64_t kMaxTotalBytes = 6 << 20;    // all buffers of one input
-// A workspace (the library's or the harness's): bounded work does not bound it, since each head's blocks
-// are padded to the tiles' granules (the amx backward of 65535 heads of one row took 2.8 GB at 29f4fbc,
-// 258 MiB since tiles.h: backward_block_rows; 2^18 heads without keys fit the work bound).
+// A workspace (the library's or the harness's), over which a call gets only its size query: libFuzzer
+// stops at 2 GB, and the work and block bounds bound it only through the library's padding (the amx
+// backward of 65535 heads of one row took 2.8 GB at 29f4fbc, 258 MiB since tiles.h: backward_block_rows).
 constexpr size_t kMaxWorkspaceBytes = size_t{256} << 20;
 constexpr int64_t I64_MAX = std::numeric_limits<int64_t>::max();
 
@@ -954,6 +957,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     work *= std::max<__int128>(x, 1);
     if (work > kMaxWork) work = kMaxWork + 1;
   }
+  // and of the blocks of 16 x 16 it pads to, which each cost a tile of work however few their elements
+  __int128 blocks = 1;
+  for (__int128 x : {__int128{tq.shape[0]}, __int128{tq.shape[1]}, (__int128{tq.shape[2]} + 15) / 16,
+                     (__int128{tk.shape[2]} + 15) / 16}) {
+    blocks *= std::max<__int128>(x, 1);
+    if (blocks > kMaxBlocks) blocks = kMaxBlocks + 1;
+  }
+  if (blocks > kMaxBlocks) work = kMaxWork + 1;
   const int64_t w = static_cast<int64_t>(work);
 
   switch (c.mode) {
