@@ -52,7 +52,7 @@
 //   forward:  per key block, K^T and V as B operands: ktb [Dkx/2][2 BNp], vb [BNkx/2][2 Dvn]; but
 //             per tile, into the work item's scratch, where each key block serves few query blocks
 //             (few_query_blocks: decoding, short chunks against a long cache)
-//   backward: per query block, Q and dO as A operands and, where kHiLoBackward, their transposes as
+//   backward: per query block, Q and dO as A operands and, where Dims::transposes, their transposes as
 //             A operands of dK^T = Q^T dS and dV^T = dO^T P: qa [BMp][Dkx] (f16: and its lo), doa
 //             [BMp][Dvkx] (f16: and its lo), qat [Dn][BMt], doat [Dvn][BMt]
 // (Dk = D rounded up to kK, Dn = D rounded up to 16, likewise for Dv, BM, BN; the x forms are the k
@@ -130,7 +130,7 @@ struct MathBf16 {
     // Dvn][t_ld]. f32: S, P, dP, dS [BMp][s_ld]; dK^T, dV^T [Dn or Dvn][s_ld]; O, dV [][o_ld]; dK
     // [][dk_ld].
     // bf16 elements of one key block's packed K^T (V follows it), of K^T and V, of one query block's
-    // packed Q and dO, and where kHiLoBackward Q^T and dO^T.
+    // packed Q and dO, and where transposes() Q^T and dO^T.
     int64_t kt_block() const { return dkx / 2 * kt_ld; }
     int64_t kv_block() const { return kt_block() + bnkx / 2 * dv_ld; }
     int64_t q_block() const { return x_block(dkx) + x_block(dvkx) + (transposes() ? (dn + dvn) * t_ld : 0); }
