@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <vector>
@@ -949,23 +950,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     c.values = keep;
   }
 
-  // The work of the call, from the problem's dims (saturating).
-  __int128 work = 1;
+  // The work of the call, from the problem's dims, and the blocks of 16 x 16 it pads to, which each
+  // cost a tile of work however few their elements (each product saturating just past its bound).
+  auto capped_product = [](std::initializer_list<__int128> xs, int64_t cap) {
+    __int128 p = 1;
+    for (__int128 x : xs) {
+      p *= std::max<__int128>(x, 1);
+      if (p > cap) p = cap + 1;
+    }
+    return static_cast<int64_t>(p);
+  };
   const fb_tensor &tq = c.args[Q].t, &tk = c.args[K].t, &tv = c.args[V].t;
-  for (__int128 x : {__int128{tq.shape[0]}, __int128{tq.shape[1]}, __int128{tq.shape[2]} + 1, __int128{tk.shape[2]} + 1,
-                     __int128{tq.shape[3]} + tv.shape[3]}) {
-    work *= std::max<__int128>(x, 1);
-    if (work > kMaxWork) work = kMaxWork + 1;
-  }
-  // and of the blocks of 16 x 16 it pads to, which each cost a tile of work however few their elements
-  __int128 blocks = 1;
-  for (__int128 x : {__int128{tq.shape[0]}, __int128{tq.shape[1]}, (__int128{tq.shape[2]} + 15) / 16,
-                     (__int128{tk.shape[2]} + 15) / 16}) {
-    blocks *= std::max<__int128>(x, 1);
-    if (blocks > kMaxBlocks) blocks = kMaxBlocks + 1;
-  }
-  if (blocks > kMaxBlocks) work = kMaxWork + 1;
-  const int64_t w = static_cast<int64_t>(work);
+  const __int128 b = tq.shape[0], hq = tq.shape[1], sq = tq.shape[2], sk = tk.shape[2];
+  int64_t w = capped_product({b, hq, sq + 1, sk + 1, __int128{tq.shape[3]} + tv.shape[3]}, kMaxWork);
+  if (capped_product({b, hq, (sq + 15) / 16, (sk + 15) / 16}, kMaxBlocks) > kMaxBlocks) w = kMaxWork + 1;
 
   switch (c.mode) {
     case Mode::forward: exercise(c, false, w); break;
